@@ -1,0 +1,103 @@
+"""Constraints that tie a plan to a model and a cluster. Every violation is listed, in words."""
+
+from __future__ import annotations
+
+from meshplan.errors import PlanError
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.plan import Plan
+
+
+def even_split(n_layers: int, n_stages: int) -> tuple[int, ...]:
+    """Layers per stage as even as possible; the remainder goes to the middle stages, since the first and last
+    carry the embedding and the output head (Megatron-Bridge's uneven split does the same)."""
+    base, rem = divmod(n_layers, n_stages)
+    split = [base] * n_stages
+    order = sorted(range(n_stages), key=lambda i: (i in (0, n_stages - 1), abs(i - (n_stages - 1) / 2)))
+    for i in order[:rem]:
+        split[i] += 1
+    return tuple(split)
+
+
+def layer_split(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
+    """Layers per virtual stage in pipeline order (stage s of chunk c is index c * pp + s)."""
+    return plan.layer_split or even_split(model.n_layers, plan.n_stages)
+
+
+def _attention_violations(model: ModelSpec, plan: Plan) -> list[str]:
+    out = []
+    for b in model.blocks:
+        att = b.layer.attention
+        if att is None:
+            continue
+        if att.n_heads % plan.tp:
+            out.append(f"tp={plan.tp} must divide the {att.n_heads} attention heads of block '{b.name}'")
+        if att.kind == "gqa" and att.n_kv_heads % plan.tp and plan.tp % att.n_kv_heads:
+            out.append(f"tp={plan.tp} and the {att.n_kv_heads} kv heads of block '{b.name}' must divide one another")
+        if plan.cp_kind == "a2a" and att.n_heads % (plan.tp * plan.cp):
+            out.append(f"all-to-all context parallel needs tp*cp={plan.tp * plan.cp} to divide the "
+                       f"{att.n_heads} heads of block '{b.name}'")
+    return out
+
+
+def _moe_violations(model: ModelSpec, plan: Plan) -> list[str]:
+    out = []
+    if not model.is_moe:
+        if plan.ep > 1 or plan.etp > 1:
+            out.append(f"ep={plan.ep}, etp={plan.etp}: expert parallelism needs a mixture-of-experts model")
+        return out
+    for b in model.blocks:
+        if b.layer.moe and b.layer.moe.n_experts % plan.ep:
+            out.append(f"ep={plan.ep} must divide the {b.layer.moe.n_experts} experts of block '{b.name}'")
+    if (plan.tp * plan.cp * plan.dp) % (plan.ep * plan.etp):
+        out.append(f"ep*etp={plan.ep * plan.etp} must divide tp*cp*dp={plan.tp * plan.cp * plan.dp} "
+                   "(experts are folded inside the data/context/tensor ranks)")
+    return out
+
+
+def _pipeline_violations(model: ModelSpec, plan: Plan) -> list[str]:
+    out = []
+    if plan.layer_split:
+        if len(plan.layer_split) != plan.n_stages:
+            out.append(f"layer_split has {len(plan.layer_split)} entries, needs pp*vpp={plan.n_stages}")
+        elif sum(plan.layer_split) != model.n_layers:
+            out.append(f"layer_split sums to {sum(plan.layer_split)}, the model has {model.n_layers} layers")
+    elif model.n_layers < plan.n_stages:
+        out.append(f"pp*vpp={plan.n_stages} virtual stages exceed the model's {model.n_layers} layers")
+    if plan.vpp > 1 and plan.pp == 1:
+        out.append(f"vpp={plan.vpp} needs pp > 1")
+    return out
+
+
+def plan_violations(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
+    """Every constraint the plan violates against this model and cluster, as readable sentences."""
+    out: list[str] = []
+    if plan.n_gpus != cluster.n_gpus:
+        out.append(f"tp*cp*pp*dp = {plan.tp}*{plan.cp}*{plan.pp}*{plan.dp} = {plan.n_gpus} GPUs, "
+                   f"the cluster has {cluster.n_gpus}")
+    if plan.global_batch % (plan.dp * plan.micro_batch):
+        out.append(f"global_batch={plan.global_batch} must be a multiple of dp*micro_batch="
+                   f"{plan.dp * plan.micro_batch}")
+    if plan.seq_len % plan.cp:
+        out.append(f"seq_len={plan.seq_len} must be a multiple of cp={plan.cp}")
+    if plan.sp and plan.tp > 1 and (plan.seq_len // plan.cp) % plan.tp:
+        out.append(f"sequence parallel needs tp={plan.tp} to divide the {plan.seq_len // plan.cp} tokens per cp rank")
+    if plan.zero and plan.dp % plan.shard_group:
+        out.append(f"dp_shard={plan.dp_shard} must divide dp={plan.dp}")
+    if plan.precision == "fp8" and any(p.gpu.peak.fp8 <= 0 for p in cluster.pools):
+        bad = [p.gpu.name for p in cluster.pools if p.gpu.peak.fp8 <= 0]
+        out.append(f"precision fp8 needs FP8 tensor cores; {', '.join(bad)} has none (use bf16)")
+    for b in model.blocks:
+        if b.layer.moe is None and b.layer.ffn_hidden % plan.tp:
+            out.append(f"tp={plan.tp} must divide ffn_hidden={b.layer.ffn_hidden} of block '{b.name}'")
+    if model.max_seq_len and plan.seq_len > model.max_seq_len and model.position == "learned":
+        out.append(f"seq_len={plan.seq_len} exceeds the model's learned positions ({model.max_seq_len})")
+    return out + _attention_violations(model, plan) + _moe_violations(model, plan) + \
+        _pipeline_violations(model, plan)
+
+
+def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> None:
+    """Raise PlanError listing every violated constraint, or return None."""
+    bad = plan_violations(model, cluster, plan)
+    if bad:
+        raise PlanError(bad)

@@ -1,0 +1,89 @@
+"""Hugging Face ``config.json`` (read from disk, never from a hub) into a ModelSpec."""
+
+from __future__ import annotations
+
+from meshplan.errors import SpecError
+from meshplan.spec.model import ModelSpec, MoESpec, decoder_model
+
+SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt2",
+             "gpt_neox")
+
+
+def _req(cfg: dict, *keys: str):
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            return cfg[k]
+    raise SpecError(f"config.{keys[0]}", None, f"is required for model_type {cfg.get('model_type')!r}")
+
+
+def _llama_like(cfg: dict, name: str, family: str) -> ModelSpec:
+    hidden = _req(cfg, "hidden_size")
+    heads = _req(cfg, "num_attention_heads")
+    kw = dict(name=name, family=family, n_layers=_req(cfg, "num_hidden_layers"), hidden=hidden, n_heads=heads,
+              n_kv_heads=cfg.get("num_key_value_heads") or heads, ffn_hidden=_req(cfg, "intermediate_size"),
+              vocab=_req(cfg, "vocab_size"), head_dim=cfg.get("head_dim") or hidden // heads,
+              activation="swiglu", norm="rmsnorm", position="rope",
+              tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+              max_seq_len=int(cfg.get("max_position_embeddings", 0) or 0))
+    return decoder_model(**kw)
+
+
+def _moe(cfg: dict, name: str, family: str, **extra) -> ModelSpec:
+    """Mixtral / Qwen-MoE / DeepSeek: routed experts, optional shared experts and first dense layers."""
+    n_exp = _req(cfg, "num_local_experts", "num_experts", "n_routed_experts")
+    moe = MoESpec(n_experts=n_exp, top_k=_req(cfg, "num_experts_per_tok"),
+                  expert_ffn_hidden=cfg.get("moe_intermediate_size") or _req(cfg, "intermediate_size"),
+                  n_shared_experts=int(cfg.get("n_shared_experts") or (1 if cfg.get("shared_expert_intermediate_size")
+                                                                         else 0)),
+                  shared_ffn_hidden=int(cfg.get("shared_expert_intermediate_size") or 0))
+    base = _llama_like(cfg, name, family)
+    att = base.decoder.attention
+    first_dense = int(cfg.get("first_k_dense_replace", 0) or 0)
+    return decoder_model(name=name, family=family, n_layers=base.n_layers, hidden=base.hidden, n_heads=att.n_heads,
+                         n_kv_heads=att.n_kv_heads, head_dim=att.head_dim, ffn_hidden=moe.expert_ffn_hidden,
+                         dense_ffn_hidden=_req(cfg, "intermediate_size"), first_dense=first_dense, moe=moe,
+                         vocab=base.vocab, tied_embeddings=base.tied_embeddings, max_seq_len=base.max_seq_len,
+                         **extra)
+
+
+def _deepseek(cfg: dict, name: str) -> ModelSpec:
+    # MLA: the non-RoPE query/key part is the head_dim; RoPE and value widths are separate fields.
+    cfg = {**cfg, "head_dim": _req(cfg, "qk_nope_head_dim")}
+    return _moe(cfg, name, "deepseek_v3", attention_kind="mla", q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+                kv_lora_rank=_req(cfg, "kv_lora_rank"), qk_rope_head_dim=_req(cfg, "qk_rope_head_dim"),
+                v_head_dim=_req(cfg, "v_head_dim"))
+
+
+def _gpt2(cfg: dict, name: str) -> ModelSpec:
+    hidden = _req(cfg, "n_embd", "hidden_size")
+    return decoder_model(name=name, family="gpt", n_layers=_req(cfg, "n_layer", "num_hidden_layers"), hidden=hidden,
+                         n_heads=_req(cfg, "n_head", "num_attention_heads"),
+                         n_kv_heads=_req(cfg, "n_head", "num_attention_heads"),
+                         ffn_hidden=cfg.get("n_inner") or 4 * hidden, vocab=_req(cfg, "vocab_size"),
+                         activation="gelu", norm="layernorm", bias=True, tied_embeddings=True, position="learned",
+                         max_seq_len=int(cfg.get("n_positions", 1024)))
+
+
+def _neox(cfg: dict, name: str) -> ModelSpec:
+    heads = _req(cfg, "num_attention_heads")
+    return decoder_model(name=name, family="gpt", n_layers=_req(cfg, "num_hidden_layers"),
+                         hidden=_req(cfg, "hidden_size"), n_heads=heads, n_kv_heads=heads,
+                         ffn_hidden=_req(cfg, "intermediate_size"), vocab=_req(cfg, "vocab_size"), activation="gelu",
+                         norm="layernorm", bias=True, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                         position="rope", max_seq_len=int(cfg.get("max_position_embeddings", 0) or 0))
+
+
+def model_from_hf(cfg: dict, *, name: str = "hf-model") -> ModelSpec:
+    """A ModelSpec from a parsed Hugging Face config; unsupported architectures get a clear error."""
+    mt = cfg.get("model_type")
+    if mt not in SUPPORTED:
+        raise SpecError("config.model_type", mt, f"unsupported architecture; supported: {', '.join(SUPPORTED)}")
+    if mt in ("llama", "mistral", "qwen2", "qwen3"):
+        return _llama_like(cfg, name, mt)
+    if mt in ("mixtral", "qwen3_moe", "qwen2_moe"):
+        return _moe(cfg, name, mt)
+    if mt == "deepseek_v3":
+        return _deepseek(cfg, name)
+    if mt == "gpt2":
+        return _gpt2(cfg, name)
+    return _neox(cfg, name)

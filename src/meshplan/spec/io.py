@@ -1,0 +1,200 @@
+"""One strict loader: TOML/JSON files and dicts into frozen specs. Unknown keys are errors with close matches.
+
+File units are the datasheet's (GB, TB/s, GB/s bidirectional NVLink, Gb/s NIC, TFLOP/s); specs hold SI units.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any
+
+from meshplan.errors import SpecError, close_matches
+from meshplan.spec.cluster import ClusterSpec, NetworkLevel, Pool
+from meshplan.spec.hardware import GPUSpec, PeakFlops
+from meshplan.spec.model import AttentionSpec, BlockSpec, LayerSpec, ModelSpec, MoESpec, decoder_model
+from meshplan.spec.plan import Plan
+
+
+def read_file(path: str | Path) -> dict:
+    """Parse a TOML or JSON file into a dict, with a one-line error naming the file on failure."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("file", str(p), "no such file")
+    try:
+        text = p.read_text()
+        return json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SpecError("file", str(p), f"cannot be parsed: {exc}") from None
+
+
+def check_keys(where: str, data: dict, allowed: set[str] | list[str], required: tuple[str, ...] = ()) -> None:
+    """Reject unknown and missing keys, suggesting close matches."""
+    if not isinstance(data, dict):
+        raise SpecError(where, data, "must be a table of key = value")
+    for k in data:
+        if k not in allowed:
+            raise SpecError(f"{where}.{k}", data[k], f"unknown key; allowed: {', '.join(sorted(allowed))}",
+                            close_matches(k, allowed))
+    for k in required:
+        if k not in data:
+            raise SpecError(f"{where}.{k}", None, "is required")
+
+
+def build(cls: type, data: dict, where: str, nested: dict[str, Any] | None = None) -> Any:
+    """Build dataclass ``cls`` from ``data`` strictly; ``nested`` maps field names to builders."""
+    nested = nested or {}
+    flds = {f.name: f for f in fields(cls)}
+    required = tuple(n for n, f in flds.items() if f.default is MISSING and f.default_factory is MISSING)
+    check_keys(where, data, set(flds), required)
+    kw = {}
+    for k, v in data.items():
+        if k in nested:
+            kw[k] = nested[k](v, f"{where}.{k}")
+        elif isinstance(v, list):
+            kw[k] = tuple(v)
+        else:
+            kw[k] = v
+    try:
+        return cls(**kw)
+    except TypeError as exc:
+        raise SpecError(where, data, f"cannot be built: {exc}") from None
+
+
+# ---------------------------------------------------------------- GPUs
+_GPU_KEYS = {"name", "generation", "peak_tflops", "hbm_gb", "hbm_tb_s", "nvlink_gb_s", "nic_gbit_s",
+             "nvlink_domain", "gpus_per_node", "intra_latency_us", "nic_latency_us", "price_per_hour", "source"}
+
+
+def gpu_from_dict(d: dict, where: str = "gpu") -> GPUSpec:
+    """A GPU from datasheet units: TFLOP/s, GB, TB/s, bidirectional NVLink GB/s, NIC Gb/s."""
+    check_keys(where, d, _GPU_KEYS, ("name", "generation", "peak_tflops", "hbm_gb", "hbm_tb_s", "nvlink_gb_s",
+                                     "nic_gbit_s"))
+    check_keys(f"{where}.peak_tflops", d["peak_tflops"], {"fp32", "tf32", "bf16", "fp16", "fp8"})
+    return GPUSpec(
+        name=d["name"], generation=d["generation"],
+        peak=PeakFlops(**{k: float(v) * 1e12 for k, v in d["peak_tflops"].items()}),
+        hbm_bytes=float(d["hbm_gb"]) * 1e9, hbm_bandwidth=float(d["hbm_tb_s"]) * 1e12,
+        # Datasheets quote NVLink as the bidirectional aggregate; one direction is half.
+        intra_bandwidth=float(d["nvlink_gb_s"]) * 1e9 / 2,
+        nic_bandwidth=float(d["nic_gbit_s"]) * 1e9 / 8,
+        nvlink_domain=int(d.get("nvlink_domain", 8)), gpus_per_node=int(d.get("gpus_per_node", 8)),
+        intra_latency=float(d.get("intra_latency_us", 3.0)) * 1e-6,
+        nic_latency=float(d.get("nic_latency_us", 8.0)) * 1e-6,
+        price_per_hour=float(d.get("price_per_hour", 0.0)), source=d.get("source", ""))
+
+
+def gpu_to_dict(g: GPUSpec) -> dict:
+    """Inverse of gpu_from_dict (datasheet units)."""
+    peaks = {k: getattr(g.peak, k) / 1e12 for k in ("fp32", "tf32", "bf16", "fp16", "fp8") if getattr(g.peak, k)}
+    return {"name": g.name, "generation": g.generation, "peak_tflops": peaks, "hbm_gb": g.hbm_bytes / 1e9,
+            "hbm_tb_s": g.hbm_bandwidth / 1e12, "nvlink_gb_s": g.intra_bandwidth * 2 / 1e9,
+            "nic_gbit_s": g.nic_bandwidth * 8 / 1e9, "nvlink_domain": g.nvlink_domain,
+            "gpus_per_node": g.gpus_per_node, "intra_latency_us": g.intra_latency * 1e6,
+            "nic_latency_us": g.nic_latency * 1e6, "price_per_hour": g.price_per_hour, "source": g.source}
+
+
+# ---------------------------------------------------------------- models
+def _layer(d: dict, where: str) -> LayerSpec:
+    return build(LayerSpec, d, where, {
+        "attention": lambda v, w: build(AttentionSpec, v, w),
+        "moe": lambda v, w: build(MoESpec, v, w)})
+
+
+def _blocks(v: list, where: str) -> tuple[BlockSpec, ...]:
+    if not isinstance(v, list):
+        raise SpecError(where, v, "must be an array of tables [[blocks]]")
+    return tuple(build(BlockSpec, b, f"{where}[{i}]", {"layer": _layer}) for i, b in enumerate(v))
+
+
+_SHORT_MODEL_KEYS = {"name", "n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab", "head_dim",
+                     "activation", "norm", "bias", "tied_embeddings", "position", "family", "max_seq_len", "moe",
+                     "first_dense", "dense_ffn_hidden", "attention_kind", "q_lora_rank", "kv_lora_rank",
+                     "qk_rope_head_dim", "v_head_dim"}
+
+
+def model_from_dict(d: dict, where: str = "model") -> ModelSpec:
+    """A model from either the full ``[[blocks]]`` form or the short single-decoder form."""
+    if "blocks" in d:
+        return build(ModelSpec, d, where, {"blocks": _blocks})
+    check_keys(where, d, _SHORT_MODEL_KEYS, ("name", "n_layers", "hidden", "n_heads", "ffn_hidden", "vocab"))
+    kw = dict(d)
+    kw.setdefault("n_kv_heads", kw["n_heads"])
+    if "moe" in kw:
+        kw["moe"] = build(MoESpec, kw["moe"], f"{where}.moe")
+    return decoder_model(**kw)
+
+
+# ---------------------------------------------------------------- clusters
+def parse_gpus(text: str, gpu_lookup) -> ClusterSpec:
+    """Shorthand ``1024xa100-80gb`` or ``32xa100-80gb+32xh100-sxm``; ``gpu_lookup(name)`` resolves names or
+    hardware-profile paths."""
+    pools = []
+    for part in text.split("+"):
+        count, sep, name = part.strip().partition("x")
+        if not sep or not count.isdigit() or int(count) < 1 or not name:
+            raise SpecError("--gpus", text, "expected COUNTxGPU[+COUNTxGPU...], e.g. 1024xa100-80gb")
+        gpu = gpu_lookup(name)
+        pools.append(Pool(gpu=gpu, n_gpus=int(count), gpus_per_node=min(gpu.gpus_per_node, int(count))))
+    return ClusterSpec(pools=tuple(pools), name=text)
+
+
+def _level(d: dict, where: str) -> NetworkLevel:
+    check_keys(where, d, {"name", "span", "bandwidth_gb_s", "latency_us"}, ("name", "span", "bandwidth_gb_s"))
+    return NetworkLevel(name=d["name"], span=int(d["span"]), bandwidth=float(d["bandwidth_gb_s"]) * 1e9,
+                        latency=float(d.get("latency_us", 5.0)) * 1e-6)
+
+
+def cluster_from_dict(d: dict, gpu_lookup, where: str = "cluster") -> ClusterSpec:
+    """A cluster file: ``[[pools]]`` with gpu (name or inline table), n_gpus, gpus_per_node, optional
+    ``[[pools.levels]]`` (name, span, per-GPU unidirectional bandwidth_gb_s, latency_us)."""
+    check_keys(where, d, {"name", "pools", "inter_pool_gb_s"}, ("pools",))
+    pools = []
+    for i, p in enumerate(d["pools"]):
+        w = f"{where}.pools[{i}]"
+        check_keys(w, p, {"gpu", "n_gpus", "gpus_per_node", "levels"}, ("gpu", "n_gpus"))
+        gpu = gpu_from_dict(p["gpu"], f"{w}.gpu") if isinstance(p["gpu"], dict) else gpu_lookup(p["gpu"])
+        levels = tuple(_level(lv, f"{w}.levels[{j}]") for j, lv in enumerate(p.get("levels", [])))
+        pools.append(Pool(gpu=gpu, n_gpus=int(p["n_gpus"]),
+                          gpus_per_node=int(p.get("gpus_per_node", gpu.gpus_per_node)), levels=levels))
+    return ClusterSpec(pools=tuple(pools), name=d.get("name", ""),
+                       inter_pool_bandwidth=float(d.get("inter_pool_gb_s", 0.0)) * 1e9)
+
+
+# ---------------------------------------------------------------- plans
+PLAN_FILE_KEYS = {"model", "gpus", "cluster", "plan", "predicted"}
+
+
+def plan_from_dict(d: dict, where: str = "plan") -> Plan:
+    """A plan from a flat table whose keys are Plan's fields."""
+    return build(Plan, d, where)
+
+
+def read_plan_file(path: str | Path) -> tuple[Plan, dict]:
+    """A plan file: ``[plan]`` table plus optional ``model``, ``gpus`` or ``cluster`` references.
+
+    Returns the plan and the dict of references (model, gpus, cluster) the file carries.
+    """
+    d = read_file(path)
+    if "plan" not in d:
+        return plan_from_dict(d, f"{path}"), {}
+    check_keys(str(path), d, PLAN_FILE_KEYS, ("plan",))
+    refs = {k: d[k] for k in ("model", "gpus", "cluster") if k in d}
+    return plan_from_dict(d["plan"], f"{path}.plan"), refs
+
+
+def plan_file_text(plan: Plan, *, model: str = "", gpus: str = "", predicted: dict | None = None) -> str:
+    """TOML text of a plan file that read_plan_file reads back."""
+    import tomli_w
+
+    doc: dict = {}
+    if model:
+        doc["model"] = model
+    if gpus:
+        doc["gpus"] = gpus
+    doc["plan"] = plan.to_dict()
+    if predicted:
+        doc["predicted"] = predicted
+    return tomli_w.dumps(doc)

@@ -1,0 +1,229 @@
+"""The model spec: *what* is trained. Dense, GQA, MLA, MoE, and stacks of blocks of different kinds.
+
+A model is a tuple of blocks; each block repeats one layer shape ``n_layers`` times. DeepSeek-V3 is a block of
+3 dense layers then a block of 58 MoE layers; a vision-language model is a vision block (fixed tokens per
+sample), a projector block (MLP only) and a decoder block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.errors import SpecError
+
+ACTIVATIONS = ("gelu", "relu2", "swiglu", "geglu")
+GATED = ("swiglu", "geglu")
+NORMS = ("layernorm", "rmsnorm")
+ATTENTION_KINDS = ("gqa", "mla")
+POSITIONS = ("rope", "learned", "alibi", "none")
+
+
+def _positive(field_name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SpecError(field_name, value, "must be a positive integer")
+
+
+def _member(field_name: str, value: str, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise SpecError(field_name, value, f"must be one of {', '.join(options)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionSpec:
+    """Self-attention of one layer."""
+
+    n_heads: int
+    """Query heads."""
+    n_kv_heads: int
+    """Key/value heads (== n_heads for MHA, 1 for MQA). For MLA, equal to n_heads."""
+    head_dim: int
+    """Query/key head width (elements); may differ from hidden / n_heads (Qwen3)."""
+    kind: str = "gqa"
+    """``gqa`` (covers MHA and MQA) or ``mla`` (DeepSeek-V2/V3 multi-head latent attention)."""
+    causal: bool = True
+    """Causal mask: half the score matrix is computed by flash-attention kernels."""
+    q_lora_rank: int = 0
+    """MLA: rank of the query down-projection (0 = no query compression)."""
+    kv_lora_rank: int = 0
+    """MLA: rank of the joint key/value compression."""
+    qk_rope_head_dim: int = 0
+    """MLA: decoupled RoPE part of each query/key head (head_dim is the non-RoPE part)."""
+    v_head_dim: int = 0
+    """Value head width; 0 means head_dim."""
+
+    def __post_init__(self) -> None:
+        _positive("attention.n_heads", self.n_heads)
+        _positive("attention.n_kv_heads", self.n_kv_heads)
+        _positive("attention.head_dim", self.head_dim)
+        _member("attention.kind", self.kind, ATTENTION_KINDS)
+        if self.n_heads % self.n_kv_heads:
+            raise SpecError("attention.n_kv_heads", self.n_kv_heads,
+                            f"must divide n_heads={self.n_heads}")
+        if self.kind == "mla" and self.kv_lora_rank < 1:
+            raise SpecError("attention.kv_lora_rank", self.kv_lora_rank, "MLA needs a positive kv_lora_rank")
+
+    @property
+    def v_dim(self) -> int:
+        """Value head width (elements)."""
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def qk_dim(self) -> int:
+        """Query/key head width including MLA's RoPE part (elements)."""
+        return self.head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoESpec:
+    """Mixture-of-experts FFN of one layer."""
+
+    n_experts: int
+    """Routed experts."""
+    top_k: int
+    """Experts each token is routed to."""
+    expert_ffn_hidden: int
+    """FFN width of one expert (gate width for gated activations)."""
+    n_shared_experts: int = 0
+    """Always-active shared experts (DeepSeek), each of width shared_ffn_hidden."""
+    shared_ffn_hidden: int = 0
+    """Width of one shared expert; 0 means expert_ffn_hidden."""
+    capacity_factor: float = 0.0
+    """Token capacity per expert relative to balanced load; 0 means dropless (no padding)."""
+
+    def __post_init__(self) -> None:
+        _positive("moe.n_experts", self.n_experts)
+        _positive("moe.top_k", self.top_k)
+        _positive("moe.expert_ffn_hidden", self.expert_ffn_hidden)
+        if self.top_k > self.n_experts:
+            raise SpecError("moe.top_k", self.top_k, f"must be <= n_experts={self.n_experts}")
+        if self.capacity_factor < 0:
+            raise SpecError("moe.capacity_factor", self.capacity_factor, "must be >= 0 (0 = dropless)")
+
+    @property
+    def shared_width(self) -> int:
+        """Width of one shared expert (elements)."""
+        return self.shared_ffn_hidden or self.expert_ffn_hidden
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerSpec:
+    """One transformer layer (or an MLP-only layer when attention is None, e.g. a projector)."""
+
+    hidden: int
+    """Model width d_model (elements)."""
+    ffn_hidden: int
+    """Dense FFN width; for gated activations the gate/up width. Ignored when moe is set."""
+    attention: AttentionSpec | None = None
+    """Self-attention, or None for an MLP-only layer."""
+    activation: str = "swiglu"
+    """``gelu``, ``relu2`` (squared ReLU), ``swiglu`` or ``geglu``."""
+    norm: str = "rmsnorm"
+    """``layernorm`` or ``rmsnorm``."""
+    moe: MoESpec | None = None
+    """Mixture of experts replacing the dense FFN, or None."""
+    bias: bool = False
+    """Linear layers carry biases (GPT-2/3 style)."""
+    in_hidden: int = 0
+    """Input width when it differs from hidden (a projector from a vision width); 0 means hidden."""
+
+    def __post_init__(self) -> None:
+        _positive("layer.hidden", self.hidden)
+        _positive("layer.ffn_hidden", self.ffn_hidden)
+        _member("layer.activation", self.activation, ACTIVATIONS)
+        _member("layer.norm", self.norm, NORMS)
+
+    @property
+    def gated(self) -> bool:
+        """The FFN has a gate projection (SwiGLU/GeGLU: three matrices instead of two)."""
+        return self.activation in GATED
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockSpec:
+    """A run of identical layers."""
+
+    name: str
+    """Role of the block: ``decoder``, ``vision``, ``projector``, ``dense``, ``moe``..."""
+    n_layers: int
+    """Number of layers in the block."""
+    layer: LayerSpec
+    """The layer repeated n_layers times."""
+    tokens: int = 0
+    """Fixed tokens per sample (e.g. image patches); 0 means the workload's sequence length."""
+
+    def __post_init__(self) -> None:
+        _positive(f"block[{self.name}].n_layers", self.n_layers)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A whole model: embeddings, blocks of layers, final norm and output head."""
+
+    name: str
+    """Catalog or user name."""
+    vocab: int
+    """Vocabulary size (padded, as the framework allocates it)."""
+    blocks: tuple[BlockSpec, ...]
+    """Blocks in execution order; the last one feeds the output head."""
+    tied_embeddings: bool = False
+    """Input embedding and output head share one matrix."""
+    position: str = "rope"
+    """Position encoding: ``rope``, ``learned``, ``alibi`` or ``none``."""
+    max_seq_len: int = 0
+    """Largest sequence length the model supports (0 = unbounded); learned positions need it."""
+    family: str = "llama"
+    """Family name used by the runtime registry of model builders."""
+
+    def __post_init__(self) -> None:
+        _positive("model.vocab", self.vocab)
+        _member("model.position", self.position, POSITIONS)
+        if not self.blocks:
+            raise SpecError("model.blocks", self.blocks, "a model needs at least one block")
+
+    @property
+    def n_layers(self) -> int:
+        """All layers of all blocks."""
+        return sum(b.n_layers for b in self.blocks)
+
+    @property
+    def hidden(self) -> int:
+        """Width of the last block (the one the output head reads)."""
+        return self.blocks[-1].layer.hidden
+
+    @property
+    def decoder(self) -> LayerSpec:
+        """The last block's layer (the language model's layer in a multimodal stack)."""
+        return self.blocks[-1].layer
+
+    def layers(self) -> tuple[tuple[BlockSpec, int], ...]:
+        """Every layer in order as (block, index within the block)."""
+        return tuple((b, i) for b in self.blocks for i in range(b.n_layers))
+
+    @property
+    def is_moe(self) -> bool:
+        """Any block uses experts."""
+        return any(b.layer.moe is not None for b in self.blocks)
+
+
+def decoder_model(*, name: str, n_layers: int, hidden: int, n_heads: int, n_kv_heads: int, ffn_hidden: int,
+                  vocab: int, **kw) -> ModelSpec:
+    """Convenience builder for a single-block decoder (keyword options: head_dim, activation, norm, bias,
+    tied_embeddings, position, family, moe, first_dense, dense_ffn_hidden, attention_kind, mla ranks)."""
+    head_dim = kw.pop("head_dim", 0) or hidden // n_heads
+    att = AttentionSpec(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                        kind=kw.pop("attention_kind", "gqa"), q_lora_rank=kw.pop("q_lora_rank", 0),
+                        kv_lora_rank=kw.pop("kv_lora_rank", 0), qk_rope_head_dim=kw.pop("qk_rope_head_dim", 0),
+                        v_head_dim=kw.pop("v_head_dim", 0))
+    layer_kw = {k: kw.pop(k) for k in ("activation", "norm", "bias") if k in kw}
+    moe: MoESpec | None = kw.pop("moe", None)
+    first_dense = kw.pop("first_dense", 0)
+    dense_ffn = kw.pop("dense_ffn_hidden", 0) or ffn_hidden
+    blocks = []
+    if moe is not None and first_dense:
+        blocks.append(BlockSpec(name="dense", n_layers=first_dense,
+                                layer=LayerSpec(hidden=hidden, ffn_hidden=dense_ffn, attention=att, **layer_kw)))
+    rest = n_layers - (first_dense if moe is not None else 0)
+    blocks.append(BlockSpec(name="moe" if moe is not None else "decoder", n_layers=rest,
+                            layer=LayerSpec(hidden=hidden, ffn_hidden=ffn_hidden, attention=att, moe=moe,
+                                            **layer_kw)))
+    return ModelSpec(name=name, vocab=vocab, blocks=tuple(blocks), **kw)

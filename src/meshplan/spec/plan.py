@@ -1,0 +1,152 @@
+"""The plan spec: *how* a model is laid out on a cluster, and the workload it is laid out for.
+
+Degrees use one vocabulary everywhere: ``tp, cp, pp, dp, ep`` (``dp = dp_replicate * dp_shard``); exporters
+translate to each framework's spelling. Field names follow the columns of the validation CSV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from meshplan.errors import SpecError
+
+RECOMPUTE = ("none", "selective", "full")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+CP_KINDS = ("ring", "a2a")
+AXES = ("tp", "cp", "ep", "dp", "pp")
+DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
+
+
+def _check_int(name: str, value: int, lo: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        raise SpecError(f"plan.{name}", value, f"must be an integer >= {lo}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A parallel layout plus the workload (global batch, sequence length) it serves."""
+
+    global_batch: int
+    """Sequences per optimizer step."""
+    seq_len: int
+    """Tokens per sequence."""
+    micro_batch: int = 1
+    """Sequences per micro-batch per data-parallel rank."""
+    tp: int = 1
+    """Tensor-parallel degree."""
+    sp: bool = False
+    """Megatron sequence parallelism (norms/dropout sharded over tp; all-gather/reduce-scatter instead of
+    all-reduce)."""
+    cp: int = 1
+    """Context-parallel degree (sequence split across ranks for attention)."""
+    cp_kind: str = "ring"
+    """``ring`` (ring attention, P2P KV exchange) or ``a2a`` (Ulysses all-to-all over heads)."""
+    pp: int = 1
+    """Pipeline-parallel degree."""
+    vpp: int = 1
+    """Model chunks per pipeline rank (virtual stages); > 1 means interleaving."""
+    schedule: str = ""
+    """Pipeline schedule name from the registry; empty = ``1f1b`` or ``interleaved_1f1b`` when vpp > 1."""
+    layer_split: tuple[int, ...] = ()
+    """Layers per virtual stage in pipeline order (pp*vpp entries); empty = as even as possible."""
+    dp: int = 1
+    """Data-parallel degree (replicas x shards)."""
+    zero: int = 0
+    """0 = DDP, 1 = optimizer states sharded, 2 = + gradients, 3 = + parameters (FSDP)."""
+    dp_shard: int = 0
+    """Size of the sharding group inside dp (HSDP when < dp with zero 3); 0 = all of dp."""
+    ep: int = 1
+    """Expert-parallel degree (folded inside dp x cp x tp, Megatron convention)."""
+    etp: int = 1
+    """Tensor-parallel degree of the experts."""
+    recompute: str = "none"
+    """Activation recomputation: ``none``, ``selective`` (attention core) or ``full`` (whole layer)."""
+    recompute_layers: int = 0
+    """With ``full``: layers per pipeline rank that are recomputed; 0 = all of them."""
+    precision: str = "bf16"
+    """Compute precision: ``bf16``, ``fp16``, ``fp32``, or ``fp8`` (linear layers only)."""
+    overlap_grad_reduce: bool = True
+    """Overlap the gradient reduction with the backward pass."""
+    overlap_param_gather: bool = True
+    """Overlap ZeRO/FSDP parameter all-gathers with compute."""
+    tp_comm_overlap: bool = False
+    """Overlap TP collectives with GEMMs (Megatron/TE userbuffers)."""
+    rank_order: str = DEFAULT_RANK_ORDER
+    """Order of axes from fastest-varying (innermost) to slowest, e.g. ``tp-cp-ep-dp-pp``."""
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch", "seq_len", "micro_batch", "tp", "cp", "pp", "vpp", "dp", "ep", "etp"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("recompute_layers", self.recompute_layers, 0)
+        _check_int("dp_shard", self.dp_shard, 0)
+        if self.zero not in (0, 1, 2, 3):
+            raise SpecError("plan.zero", self.zero, "must be 0, 1, 2 or 3")
+        for name, opts in (("recompute", RECOMPUTE), ("precision", PRECISIONS), ("cp_kind", CP_KINDS)):
+            if getattr(self, name) not in opts:
+                raise SpecError(f"plan.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
+        order = self.rank_order.split("-")
+        if sorted(order) != sorted(AXES):
+            raise SpecError("plan.rank_order", self.rank_order,
+                            f"must be a dash-separated permutation of {', '.join(AXES)}")
+        if self.layer_split and any(x < 0 for x in self.layer_split):
+            raise SpecError("plan.layer_split", self.layer_split, "layer counts must be >= 0")
+
+    @property
+    def n_gpus(self) -> int:
+        """GPUs the plan occupies: tp * cp * pp * dp."""
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def n_micro(self) -> int:
+        """Micro-batches per optimizer step per pipeline (gradient accumulation steps)."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks that share one copy of whatever ZeRO shards (1 for zero 0)."""
+        if self.zero == 0:
+            return 1
+        return self.dp_shard or self.dp
+
+    @property
+    def dp_replicate(self) -> int:
+        """Data-parallel replicas (HSDP outer degree)."""
+        return self.dp // self.shard_group
+
+    @property
+    def schedule_name(self) -> str:
+        """The pipeline schedule, resolving the empty default."""
+        if self.schedule:
+            return self.schedule
+        return "interleaved_1f1b" if self.vpp > 1 else "1f1b"
+
+    @property
+    def n_stages(self) -> int:
+        """Virtual pipeline stages: pp * vpp."""
+        return self.pp * self.vpp
+
+    def axis_degree(self, axis: str) -> int:
+        """Degree of a mesh axis by name (``ep`` counts inside dp, so it does not multiply n_gpus)."""
+        return {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp, "pp": self.pp}[axis]
+
+    def stride(self, axis: str) -> int:
+        """Rank distance between consecutive members of an ``axis`` group under the rank order."""
+        s = 1
+        for a in self.rank_order.split("-"):
+            if a == axis:
+                return s
+            s *= self.axis_degree(a)
+        raise SpecError("axis", axis, f"must be one of {', '.join(AXES)}")
+
+    def with_(self, **changes) -> "Plan":
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """Plain dict of the fields that differ from the defaults (plus the workload), for files."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("global_batch", "seq_len") or v != f.default:
+                out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
