@@ -1,0 +1,80 @@
+"""The device mesh of a plan: named axes ``pp, dp_replicate, dp_shard, cp, tp`` laid out in the plan's rank order.
+
+The rank order lists axes from fastest-varying to slowest (``tp-cp-ep-dp-pp``); a DeviceMesh's last dim varies
+fastest, so the mesh shape is the order reversed. ``ep`` is folded inside dp (Megatron convention) and gets no
+axis of its own; dp is split into (dp_replicate, dp_shard), replicas outermost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from meshplan.spec.plan import Plan
+
+MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+def mesh_layout(plan: Plan) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Axis names and sizes of the mesh, slowest first, following ``plan.rank_order``."""
+    sizes = {"pp": plan.pp, "dp_replicate": plan.dp_replicate, "dp_shard": plan.shard_group, "cp": plan.cp,
+             "tp": plan.tp}
+    names: list[str] = []
+    for axis in reversed(plan.rank_order.split("-")):
+        if axis == "dp":
+            names += ["dp_replicate", "dp_shard"]
+        elif axis != "ep":
+            names.append(axis)
+    return tuple(names), tuple(sizes[n] for n in names)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Meshes:
+    """The world mesh plus the flattened sub-meshes the runtime uses."""
+
+    world: DeviceMesh
+    """All axes."""
+    plan: Plan
+    """The plan the mesh was built for."""
+
+    def axis(self, name: str) -> DeviceMesh:
+        """A 1-D sub-mesh: one of MESH_AXES, or a flattened ``dp`` / ``dp_shard_cp`` / ``dp_cp``."""
+        return self.world[name]
+
+    def rank_in(self, name: str) -> int:
+        """This rank's coordinate along an axis (flattened axes included)."""
+        return self.world[name].get_local_rank()
+
+    @property
+    def fsdp(self) -> DeviceMesh | None:
+        """The mesh FSDP shards and reduces over: (dp_replicate, dp_shard*cp), or None when dp*cp == 1."""
+        if self.plan.dp * self.plan.cp == 1:
+            return None
+        if self.plan.dp_replicate > 1:
+            return self.world["dp_replicate", "dp_shard_cp"]  # the HSDP (replicate, shard) form
+        return self.world["dp_shard_cp"]
+
+    @property
+    def tp(self) -> DeviceMesh | None:
+        """The tensor-parallel mesh, or None when tp == 1."""
+        return self.world["tp"] if self.plan.tp > 1 else None
+
+
+def build_meshes(plan: Plan, device_type: str) -> Meshes:
+    """init_device_mesh in the plan's rank order, then flatten the data/context axes FSDP and the loss need."""
+    names, sizes = mesh_layout(plan)
+    world = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+    for flat, parts in (("dp", ("dp_replicate", "dp_shard")), ("dp_shard_cp", ("dp_shard", "cp")),
+                        ("dp_cp", ("dp_replicate", "dp_shard", "cp"))):
+        world[tuple(sorted(parts, key=names.index))]._flatten(flat)
+    return Meshes(world=world, plan=plan)
+
+
+def device_for(local_rank: int) -> torch.device:
+    """CUDA device of this local rank when CUDA is present, else the CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
