@@ -1,0 +1,60 @@
+"""``meshplan export PLAN --to NAME``: write a plan in a training framework's own configuration format.
+
+Exit status: 0 exact export; 3 when the framework cannot express part of the plan (the parts are printed on
+stderr and written as comments into the output) unless ``--allow-approximate``; 2 for user errors.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+APPROXIMATE_EXIT = 3
+
+
+def run_export(plan_file: str, *, to: str, out: str = "", model_ref: str = "", gpus: str = "", fmt: str = "",
+               allow_approximate: bool = False) -> int:
+    """Export a plan file; returns the exit status."""
+    from meshplan.cli.common import resolve_model
+    from meshplan.export.base import get_exporter, resolve_format
+    from meshplan.spec.io import read_plan_file
+
+    exporter = get_exporter(to)
+    fmt = resolve_format(exporter, fmt)
+    plan, refs = read_plan_file(plan_file)
+    model = resolve_model(model_ref or None, refs.get("model"))
+    result = exporter.render(model, plan, gpus=gpus or refs.get("gpus", ""), fmt=fmt)
+    if out:
+        Path(out).write_text(result.text)
+    else:
+        sys.stdout.write(result.text)
+    for note in result.approximations:
+        print(f"approximate ({exporter.name}): {note}", file=sys.stderr)
+    if result.approximations and not allow_approximate:
+        print(f"{len(result.approximations)} approximation(s); pass --allow-approximate to accept them",
+              file=sys.stderr)
+        return APPROXIMATE_EXIT
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``export`` command."""
+
+    @app.command("export")
+    def export(
+        plan_file: str = typer.Argument(..., help="Plan file (TOML written by meshplan plan)."),
+        to: str = typer.Option(..., "--to", help="Framework: megatron, torchtitan or deepspeed."),
+        out: str = typer.Option("", "-o", "--output", help="Output file (default: stdout)."),
+        model: str = typer.Option("", "--model", help="Model (catalog name or file); overrides the plan file's."),
+        gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 256xh100-sxm; overrides the plan file's."),
+        fmt: str = typer.Option("", "--format", help="Output layout; torchtitan: toml (0.1/0.2) or python (>=0.3)."),
+        allow_approximate: bool = typer.Option(False, "--allow-approximate",
+                                               help="Exit 0 even when the framework cannot express the whole plan."),
+    ) -> None:
+        """Export a plan to Megatron-LM, torchtitan or DeepSpeed configuration."""
+        code = run_export(plan_file, to=to, out=out, model_ref=model, gpus=gpus, fmt=fmt,
+                          allow_approximate=allow_approximate)
+        if code:
+            raise typer.Exit(code)

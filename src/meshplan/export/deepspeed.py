@@ -1,0 +1,153 @@
+"""DeepSpeed exporter: the DeepSpeed JSON config plus the Megatron-DeepSpeed launch arguments.
+
+One bash file holds both, because the JSON cannot carry comments and tp/pp live on the launcher's command line:
+it writes ``ds_config.json`` from a here-document (plain JSON, as DeepSpeed's ``DeepSpeedConfig`` reads it) and
+defines ``MDS_ARGS`` with the Megatron-DeepSpeed ``pretrain_gpt.py`` options (names from
+deepspeedai/Megatron-DeepSpeed ``megatron/arguments.py``). JSON keys follow DeepSpeed's config-json docs and
+``deepspeed/runtime/config.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from meshplan.export.base import ExportResult, comment_block, header_lines
+from meshplan.export.layout import model_notes, stage_layers, uniform_split
+from meshplan.export.megatron import Args, format_args
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.plan import Plan
+
+
+def ds_config(plan: Plan) -> tuple[dict, list[str]]:
+    """The DeepSpeed JSON config as a dict, and its approximations."""
+    notes: list[str] = []
+    cfg: dict = {"train_batch_size": plan.global_batch, "train_micro_batch_size_per_gpu": plan.micro_batch,
+                 "gradient_accumulation_steps": plan.n_micro, "gradient_clipping": 1.0,
+                 "steps_per_print": 10, "wall_clock_breakdown": False}
+    if plan.precision in ("bf16", "fp8"):
+        cfg["bf16"] = {"enabled": True}
+    elif plan.precision == "fp16":
+        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    if plan.precision == "fp8":
+        notes.append("fp8: DeepSpeed's config has no FP8 training; exported as bf16")
+    zero: dict = {"stage": plan.zero}
+    if plan.zero:
+        zero |= {"overlap_comm": plan.overlap_grad_reduce, "contiguous_gradients": True,
+                 "reduce_scatter": True}
+    if plan.zero and plan.dp_replicate > 1:
+        if plan.zero == 3:
+            zero["mics_shard_size"] = plan.shard_group
+        else:
+            notes.append(f"dp_shard={plan.shard_group} < dp={plan.dp}: DeepSpeed shards ZeRO-{plan.zero} over all "
+                         "data-parallel ranks (hierarchical sharding is MiCS, ZeRO-3 only)")
+    cfg["zero_optimization"] = zero
+    if plan.recompute != "none":
+        cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
+                                           "cpu_checkpointing": False}
+    return cfg, notes
+
+
+def _model_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
+    dec, att = model.decoder, model.decoder.attention
+    notes = model_notes(model)
+    args: Args = [("--num-layers", model.n_layers), ("--hidden-size", dec.hidden),
+                  ("--ffn-hidden-size", dec.ffn_hidden), ("--num-attention-heads", att.n_heads),
+                  ("--seq-length", plan.seq_len), ("--max-position-embeddings", max(plan.seq_len, model.max_seq_len))]
+    if att.kind == "mla":
+        notes.append("multi-latent attention: Megatron-DeepSpeed has no MLA; exported as multi-head attention")
+    elif att.n_kv_heads < att.n_heads:
+        args.append(("--num-key-value-heads", att.n_kv_heads))
+    args.append(("--normalization", dec.norm))
+    if dec.activation in ("swiglu", "geglu"):
+        args.append(("--swiglu", None))
+        if dec.activation == "geglu":
+            notes.append("GeGLU: Megatron-DeepSpeed has only --swiglu for gated units; exported as SwiGLU")
+    elif dec.activation == "relu2":
+        args.append(("--squared-relu", None))
+    if model.position == "rope":
+        args += [("--use-rotary-position-embeddings", None), ("--no-position-embedding", None)]
+    if not model.tied_embeddings:
+        args.append(("--untie-embeddings-and-output-weights", None))
+    return args + _moe_args(model, plan, notes), notes
+
+
+def _moe_args(model: ModelSpec, plan: Plan, notes: list[str]) -> Args:
+    moe = model.decoder.moe
+    if moe is None:
+        return []
+    if moe.n_shared_experts or any(b.layer.moe is None for b in model.blocks):
+        notes.append("MoE with shared experts or leading dense layers: Megatron-DeepSpeed places experts every "
+                     "--expert-interval layers without shared experts; exported with experts in every layer")
+    if plan.etp > 1:
+        notes.append(f"etp={plan.etp}: Megatron-DeepSpeed experts are not tensor-parallel on their own degree")
+    return [("--num-experts", moe.n_experts), ("--topk", moe.top_k), ("--expert-interval", 1),
+            ("--moe-expert-parallel-size", plan.ep)]
+
+
+def _parallel_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
+    notes: list[str] = []
+    args: Args = [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
+    if plan.pp == 1:
+        args.append(("--no-pipeline-parallel", None))
+    if plan.sp and plan.tp > 1:
+        args.append(("--sequence-parallel", None))
+    if plan.cp > 1:
+        args.append(("--ds-sequence-parallel-size", plan.cp))
+        if plan.cp_kind == "ring":
+            notes.append("ring context parallel: Megatron-DeepSpeed splits sequences with DeepSpeed-Ulysses "
+                         "(all-to-all); exported as Ulysses")
+    if plan.pp > 1 and not uniform_split(stage_layers(model, plan)):
+        notes.append("uneven pipeline split: DeepSpeed's PipelineModule balances layers itself; exported as even")
+    name = plan.schedule_name
+    if plan.pp > 1 and name == "zb_h1":
+        args.append(("--enable-zbh1-pipeline", None))
+    elif plan.pp > 1 and name != "1f1b":
+        notes.append(f"schedule {name}{f' with vpp={plan.vpp}' if plan.vpp > 1 else ''}: DeepSpeed's pipeline "
+                     "engine runs 1F1B on one stage per rank (or ZB-H1); exported as 1F1B")
+    if plan.zero >= 2 and plan.pp > 1:
+        notes.append(f"ZeRO-{plan.zero} with pipeline parallelism: DeepSpeed's pipeline engine supports ZeRO-1 "
+                     "only")
+    return args, notes
+
+
+def _train_args(plan: Plan) -> Args:
+    args: Args = [("--micro-batch-size", plan.micro_batch), ("--global-batch-size", plan.global_batch)]
+    args += {"bf16": [("--bf16", None)], "fp8": [("--bf16", None)], "fp16": [("--fp16", None)],
+             "fp32": []}[plan.precision]
+    if plan.recompute == "full":
+        args += [("--checkpoint-activations", None), ("--deepspeed-activation-checkpointing", None)]
+    elif plan.recompute == "selective":
+        args.append(("--recompute-granularity", "selective"))
+    return args + [("--deepspeed", None), ("--deepspeed_config", "${DS_CONFIG}"), ("--zero-stage", plan.zero)]
+
+
+def mds_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
+    """Megatron-DeepSpeed pretrain_gpt.py arguments and their approximations."""
+    margs, n1 = _model_args(model, plan)
+    pargs, n2 = _parallel_args(model, plan)
+    return margs + pargs + _train_args(plan), n1 + n2
+
+
+class DeepSpeedExporter:
+    """``meshplan export --to deepspeed``: a bash file that writes ds_config.json and defines MDS_ARGS."""
+
+    name = "deepspeed"
+    formats = ("sh",)
+    description = "DeepSpeed JSON config plus Megatron-DeepSpeed launch arguments (bash)"
+
+    def suffix(self, fmt: str) -> str:
+        """Bash script."""
+        return ".sh"
+
+    def render(self, model: ModelSpec, plan: Plan, *, gpus: str = "", fmt: str = "") -> ExportResult:
+        """The script text."""
+        cfg, n1 = ds_config(plan)
+        args, n2 = mds_args(model, plan)
+        notes = tuple(n1 + n2)
+        head = header_lines(framework="DeepSpeed", model=model, plan=plan, gpus=gpus, approximations=notes)
+        head += ["source this file, then: deepspeed --num_nodes $NNODES --num_gpus $GPUS_PER_NODE \\",
+                 '    pretrain_gpt.py "${MDS_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ...']
+        text = "\n".join(["#!/usr/bin/env bash", comment_block(head), 'DS_CONFIG="${DS_CONFIG:-ds_config.json}"',
+                          "cat > \"$DS_CONFIG\" <<'JSON'", json.dumps(cfg, indent=2), "JSON",
+                          "MDS_ARGS=(", *format_args(args), ")", ""])
+        return ExportResult(text=text, approximations=notes)

@@ -1,0 +1,214 @@
+"""Megatron-LM exporter: the ``pretrain_gpt.py`` arguments of a plan, as a bash array.
+
+Option names are those of NVIDIA/Megatron-LM ``megatron/training/arguments.py`` (network size, training,
+distributed, mixed precision, Transformer-Engine, MoE and MLA groups). Uneven pipeline splits use
+``--decoder-first/last-pipeline-num-layers`` when only the end stages differ, else the
+``--pipeline-model-parallel-layout`` string (``E`` embedding, ``t`` decoder layer, ``L`` loss, ``|`` between stages).
+"""
+
+from __future__ import annotations
+
+from meshplan.export.base import ExportResult, comment_block, header_lines
+from meshplan.export.layout import (dense_ffn, first_last_split, is_csv_schedule, model_notes, moe_first_dense,
+                                    stage_layers, uniform_split)
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.plan import Plan
+
+Args = list[tuple[str, object]]
+"""(flag, value) pairs; value None means a bare switch."""
+
+_NATIVE_SCHEDULES = ("1f1b", "interleaved_1f1b")
+_NORMS = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+_POSITIONS = {"rope": "rope", "learned": "learned_absolute", "none": "none"}
+
+
+def _shape_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
+    dec, att = model.decoder, model.decoder.attention
+    notes: list[str] = []
+    args: Args = [("--num-layers", model.n_layers), ("--hidden-size", dec.hidden),
+                  ("--ffn-hidden-size", dense_ffn(model)), ("--num-attention-heads", att.n_heads)]
+    if att.kind == "gqa" and att.head_dim * att.n_heads != dec.hidden:
+        args.append(("--kv-channels", att.head_dim))
+    if att.kind == "gqa" and att.n_kv_heads < att.n_heads:
+        args += [("--group-query-attention", None), ("--num-query-groups", att.n_kv_heads)]
+    args += [("--seq-length", plan.seq_len), ("--max-position-embeddings", max(plan.seq_len, model.max_seq_len))]
+    if model.position in _POSITIONS:
+        args.append(("--position-embedding-type", _POSITIONS[model.position]))
+    else:
+        notes.append(f"position encoding '{model.position}': Megatron-LM has no such option; exported as rope")
+        args.append(("--position-embedding-type", "rope"))
+    args.append(("--normalization", _NORMS[dec.norm]))
+    if dec.activation == "swiglu":
+        args.append(("--swiglu", None))
+    elif dec.activation == "relu2":
+        args.append(("--squared-relu", None))
+    elif dec.activation == "geglu":
+        notes.append("GeGLU: pretrain_gpt.py has no flag for gelu with a gated linear unit (--quick-geglu is a "
+                     "different function); exported as --swiglu, which has the same shapes and FLOPs")
+        args.append(("--swiglu", None))
+    if not dec.bias:
+        args.append(("--disable-bias-linear", None))
+    if not model.tied_embeddings:
+        args.append(("--untie-embeddings-and-output-weights", None))
+    args.append(("--vocab-size", model.vocab))
+    return args, notes + model_notes(model)
+
+
+def _mla_args(model: ModelSpec) -> Args:
+    att = model.decoder.attention
+    if att.kind != "mla":
+        return []
+    args: Args = [("--multi-latent-attention", None)]
+    if att.q_lora_rank:
+        args.append(("--q-lora-rank", att.q_lora_rank))
+    return args + [("--kv-lora-rank", att.kv_lora_rank), ("--qk-head-dim", att.head_dim),
+                   ("--qk-pos-emb-head-dim", att.qk_rope_head_dim), ("--v-head-dim", att.v_dim)]
+
+
+def _moe_args(model: ModelSpec, plan: Plan) -> Args:
+    moe = model.decoder.moe
+    if moe is None:
+        return []
+    args: Args = [("--num-experts", moe.n_experts), ("--moe-router-topk", moe.top_k),
+                  ("--moe-ffn-hidden-size", moe.expert_ffn_hidden), ("--moe-grouped-gemm", None)]
+    if moe.n_shared_experts:
+        args.append(("--moe-shared-expert-intermediate-size", moe.n_shared_experts * moe.shared_width))
+    dense = moe_first_dense(model)
+    if dense > 0:
+        args.append(("--moe-layer-freq", f"([0]*{dense}+[1]*{model.n_layers - dense})"))
+    if moe.capacity_factor:
+        args.append(("--moe-expert-capacity-factor", moe.capacity_factor))
+    if plan.ep > 1:
+        args.append(("--moe-token-dispatcher-type", "alltoall"))
+    return args
+
+
+def _parallel_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
+    args: Args = [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
+    notes: list[str] = []
+    if plan.cp > 1:
+        args += [("--context-parallel-size", plan.cp), ("--cp-comm-type", "a2a" if plan.cp_kind == "a2a" else "p2p")]
+    if model.is_moe:
+        args += [("--expert-model-parallel-size", plan.ep), ("--expert-tensor-parallel-size", plan.etp)]
+    if plan.sp and plan.tp > 1:
+        args.append(("--sequence-parallel", None))
+    if plan.tp_comm_overlap and plan.tp > 1:
+        args.append(("--tp-comm-overlap", None))
+    if plan.rank_order == "tp-cp-ep-pp-dp":
+        args.append(("--use-tp-pp-dp-mapping", None))
+    elif plan.rank_order != "tp-cp-ep-dp-pp":
+        notes.append(f"rank order {plan.rank_order}: Megatron-LM builds tp-cp-ep-dp-pp (or tp-cp-ep-pp-dp with "
+                     "--use-tp-pp-dp-mapping); exported with its default order")
+    return args, notes
+
+
+def layout_string(split: tuple[int, ...]) -> str:
+    """Megatron ``--pipeline-model-parallel-layout`` for layers per virtual stage in pipeline order.
+
+    Example: (3, 4, 4, 2) -> ``Et*3|t*4|t*4|t*2L``.
+    """
+    stages = [f"t*{n}" if n else "" for n in split]
+    stages[0] = "E" + stages[0]
+    stages[-1] = stages[-1] + "L"
+    return "|".join(stages)
+
+
+def _pipeline_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
+    notes: list[str] = []
+    name = plan.schedule_name
+    if is_csv_schedule(plan):
+        notes.append(f"schedule CSV {name}: Megatron-LM runs only its built-in schedules; exported as "
+                     f"{'interleaved 1F1B' if plan.vpp > 1 else '1F1B'}")
+    elif name not in _NATIVE_SCHEDULES:
+        notes.append(f"schedule {name}: Megatron-LM has no such schedule (it runs 1F1B, interleaved when virtual "
+                     "stages are set); exported as " + ("interleaved 1F1B" if plan.vpp > 1 else "1F1B"))
+    if plan.pp == 1:
+        return [], notes
+    split = stage_layers(model, plan)
+    per_stage, ends = uniform_split(split), first_last_split(split)
+    if per_stage and plan.vpp > 1:
+        return [("--num-layers-per-virtual-pipeline-stage", per_stage)], notes
+    if per_stage:
+        return [], notes
+    if ends and plan.vpp == 1:
+        return [("--decoder-first-pipeline-num-layers", ends[0]),
+                ("--decoder-last-pipeline-num-layers", ends[1])], notes
+    return [("--pipeline-model-parallel-layout", layout_string(split))], notes
+
+
+def _batch_and_memory_args(plan: Plan) -> tuple[Args, list[str]]:
+    args: Args = [("--micro-batch-size", plan.micro_batch), ("--global-batch-size", plan.global_batch)]
+    notes: list[str] = []
+    if plan.recompute == "full":
+        args.append(("--recompute-granularity", "full"))
+        if plan.recompute_layers:
+            args += [("--recompute-method", "block"), ("--recompute-num-layers", plan.recompute_layers)]
+        else:
+            args += [("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
+    elif plan.recompute == "selective":
+        args.append(("--recompute-granularity", "selective"))
+    if plan.zero >= 1:
+        args.append(("--use-distributed-optimizer", None))
+    if plan.zero >= 2:
+        strategy = "optim_grads" if plan.zero == 2 else "optim_grads_params"
+        args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy)]
+    if plan.zero and plan.dp_replicate > 1:
+        args.append(("--num-distributed-optimizer-instances", plan.dp_replicate))
+    if plan.overlap_grad_reduce and plan.dp > 1:
+        args.append(("--overlap-grad-reduce", None))
+    if plan.overlap_param_gather and plan.zero >= 1 and plan.dp > 1:
+        args.append(("--overlap-param-gather", None))
+    return args, notes
+
+
+def _precision_args(plan: Plan) -> Args:
+    if plan.precision == "fp8":
+        return [("--bf16", None), ("--fp8-format", "hybrid")]
+    return {"bf16": [("--bf16", None)], "fp16": [("--fp16", None)], "fp32": []}[plan.precision]
+
+
+def megatron_args(model: ModelSpec, plan: Plan) -> tuple[Args, tuple[str, ...]]:
+    """The pretrain_gpt.py arguments for the plan and the approximations they make."""
+    shape, n1 = _shape_args(model, plan)
+    par, n2 = _parallel_args(model, plan)
+    pipe, n3 = _pipeline_args(model, plan)
+    mem, n4 = _batch_and_memory_args(plan)
+    args = shape + _mla_args(model) + _moe_args(model, plan) + par + pipe + mem + _precision_args(plan)
+    return args, tuple(n1 + n2 + n3 + n4)
+
+
+def format_args(args: Args, *, indent: str = "    ") -> list[str]:
+    """One ``--flag value`` per line, values shell-quoted when they hold shell metacharacters."""
+    out = []
+    for flag, value in args:
+        if value is None:
+            out.append(indent + flag)
+            continue
+        text = str(value)
+        if any(c in text for c in "()*|[]+ "):
+            text = f"'{text}'"
+        out.append(f"{indent}{flag} {text}")
+    return out
+
+
+class MegatronExporter:
+    """``meshplan export --to megatron``: a bash file defining MEGATRON_ARGS for pretrain_gpt.py."""
+
+    name = "megatron"
+    formats = ("sh",)
+    description = "Megatron-LM pretrain_gpt.py arguments (bash array)"
+
+    def suffix(self, fmt: str) -> str:
+        """Bash script."""
+        return ".sh"
+
+    def render(self, model: ModelSpec, plan: Plan, *, gpus: str = "", fmt: str = "") -> ExportResult:
+        """The arguments as a bash array plus a commented torchrun line."""
+        args, notes = megatron_args(model, plan)
+        head = header_lines(framework="Megatron-LM", model=model, plan=plan, gpus=gpus, approximations=notes)
+        launch = [f"launch on {plan.n_gpus} GPUs, adding tokenizer, data and optimizer arguments:",
+                  "  torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE pretrain_gpt.py \\",
+                  '      "${MEGATRON_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ... --train-iters ...']
+        text = "\n".join(["#!/usr/bin/env bash", comment_block(head), comment_block(launch),
+                          "MEGATRON_ARGS=(", *format_args(args), ")", ""])
+        return ExportResult(text=text, approximations=notes)

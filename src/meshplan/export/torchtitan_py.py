@@ -1,0 +1,78 @@
+"""torchtitan >= 0.3 layout: a Python config-registry module (``torchtitan/config/configs.py`` dataclasses).
+
+The module starts from the torchtitan config function of the model (``llama3_70b`` ...) and replaces its
+training, parallelism, activation-checkpoint and compile configs with the plan's. Load it with
+``python -m torchtitan.train --module THIS_MODULE --config meshplan_config``.
+"""
+
+from __future__ import annotations
+
+from meshplan.export.base import ExportResult, comment_block, header_lines
+from meshplan.export.torchtitan import job_sections, titan_model
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.plan import Plan
+
+_AC_CLASSES = {"full": "FullAC.Config()", "selective": "SelectiveAC.Config()", "none": "None"}
+
+
+def _kwargs(table: dict, indent: str) -> str:
+    return "".join(f"{indent}{k}={v!r},\n" for k, v in table.items())
+
+
+def _parallelism_0_3(par: dict, notes: list[str]) -> tuple[dict, dict]:
+    """0.2 [parallelism] keys -> (ParallelismConfig kwargs, CompileConfig extras) of 0.3."""
+    par = dict(par)
+    compile_extra = {}
+    if par.pop("enable_async_tensor_parallel", False):
+        compile_extra["enable_async_tensor_parallel"] = True
+    etp = par.pop("expert_tensor_parallel_degree", 1)
+    if etp > 1:
+        notes.append(f"etp={etp}: torchtitan >= 0.3 has no expert tensor-parallel degree; experts use ep only")
+    return par, compile_extra
+
+
+def render_python(model: ModelSpec, plan: Plan, *, gpus: str = "") -> ExportResult:
+    """The config-registry module text and its approximations."""
+    doc, notes = job_sections(model, plan, head="lm_head")
+    tm, _ = titan_model(model)
+    par, compile_extra = _parallelism_0_3(doc["parallelism"], notes)
+    par["enable_sequence_parallel"] = plan.sp or plan.tp == 1
+    ac = doc["activation_checkpoint"]["mode"]
+    if doc["activation_checkpoint"].get("selective_ac_option", "op") != "op":
+        notes.append("layer-level selective AC: torchtitan >= 0.3 has per-op selective AC only; "
+                     "exported as full AC")
+        ac = "full"
+    fp8 = plan.precision == "fp8"
+    compile_on = bool(doc.get("compile")) or bool(compile_extra)
+    head = header_lines(framework="torchtitan", model=model, plan=plan, gpus=gpus, approximations=tuple(notes))
+    head.append("run: torchrun ... -m torchtitan.train --module THIS_MODULE --config meshplan_config")
+    lines = ['"""meshplan export: torchtitan >= 0.3 config registry."""', comment_block(head), "",
+             "from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig",
+             "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
+             f"from torchtitan.models.{tm.name} import model_registry",
+             f"from torchtitan.models.{tm.name}.config_registry import {tm.config_fn}"]
+    if fp8:
+        lines.append("from torchtitan.components.quantization import Float8LinearConverter")
+    lines += ["", "", "def meshplan_config():", f'    """{model.name} on {plan.n_gpus} GPUs."""',
+              f"    config = {tm.config_fn}()"]
+    if fp8:
+        lines += [f"    config.model_spec = model_registry({tm.flavor!r}, converters=[",
+                  f"        Float8LinearConverter.Config(filter_fqns=['lm_head'], "
+                  f"model_compile_enabled={compile_on}),", "    ])"]
+    elif tm.flavor != titan_flavor_of(tm.config_fn):
+        lines.append(f"    config.model_spec = model_registry({tm.flavor!r})")
+    lines += ["    config.training = TrainingConfig(", _kwargs(doc["training"], " " * 8).rstrip("\n"), "    )",
+              "    config.parallelism = ParallelismConfig(", _kwargs(par, " " * 8).rstrip("\n"), "    )",
+              f"    config.activation_checkpoint = {_AC_CLASSES[ac]}",
+              f"    config.compile = CompileConfig(enable={compile_on}{_extra(compile_extra)})",
+              "    return config", ""]
+    return ExportResult(text="\n".join(lines), approximations=tuple(notes))
+
+
+def titan_flavor_of(config_fn: str) -> str:
+    """The flavor a torchtitan config function builds (``llama3_70b`` -> ``70B``)."""
+    return config_fn.rsplit("_", 1)[-1].upper()
+
+
+def _extra(extra: dict) -> str:
+    return "".join(f", {k}={v!r}" for k, v in extra.items())
