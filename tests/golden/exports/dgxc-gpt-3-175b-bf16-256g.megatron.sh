@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# meshplan export for Megatron-LM
+# model: gpt3-175b (96 layers); gpus: 256xh100-sxm
+# plan: global_batch=512, seq_len=2048, tp=4, sp=True, pp=8, vpp=12, dp=8, zero=1
+# exact: Megatron-LM expresses every part of the plan
+# launch on 256 GPUs, adding tokenizer, data and optimizer arguments:
+#   torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE pretrain_gpt.py \
+#       "${MEGATRON_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ... --train-iters ...
+MEGATRON_ARGS=(
+    --num-layers 96
+    --hidden-size 12288
+    --ffn-hidden-size 49152
+    --num-attention-heads 96
+    --seq-length 2048
+    --max-position-embeddings 2048
+    --position-embedding-type learned_absolute
+    --normalization LayerNorm
+    --vocab-size 51200
+    --tensor-model-parallel-size 4
+    --pipeline-model-parallel-size 8
+    --sequence-parallel
+    --num-layers-per-virtual-pipeline-stage 1
+    --micro-batch-size 1
+    --global-batch-size 512
+    --use-distributed-optimizer
+    --overlap-grad-reduce
+    --overlap-param-gather
+    --bf16
+)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# meshplan export for Megatron-LM
+# model: grok-1-314b (64 layers); gpus: 1024xh100-sxm
+# plan: global_batch=2048, seq_len=8192, tp=4, sp=True, cp=2, pp=8, vpp=8, dp=16, zero=1, ep=8
+# APPROXIMATE: Megatron-LM cannot express 1 part(s) of the plan:
+#   - GeGLU: pretrain_gpt.py has no flag for gelu with a gated linear unit (--quick-geglu is a different function); exported as --swiglu, which has the same shapes and FLOPs
+# launch on 1024 GPUs, adding tokenizer, data and optimizer arguments:
+#   torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE pretrain_gpt.py \
+#       "${MEGATRON_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ... --train-iters ...
+MEGATRON_ARGS=(
+    --num-layers 64
+    --hidden-size 6144
+    --ffn-hidden-size 32768
+    --num-attention-heads 48
+    --group-query-attention
+    --num-query-groups 8
+    --seq-length 8192
+    --max-position-embeddings 8192
+    --position-embedding-type rope
+    --normalization RMSNorm
+    --swiglu
+    --disable-bias-linear
+    --untie-embeddings-and-output-weights
+    --vocab-size 131072
+    --num-experts 8
+    --moe-router-topk 2
+    --moe-ffn-hidden-size 32768
+    --moe-grouped-gemm
+    --moe-token-dispatcher-type alltoall
+    --tensor-model-parallel-size 4
+    --pipeline-model-parallel-size 8
+    --context-parallel-size 2
+    --cp-comm-type p2p
+    --expert-model-parallel-size 8
+    --expert-tensor-parallel-size 1
+    --sequence-parallel
+    --num-layers-per-virtual-pipeline-stage 1
+    --micro-batch-size 1
+    --global-batch-size 2048
+    --use-distributed-optimizer
+    --overlap-grad-reduce
+    --overlap-param-gather
+    --bf16
+)

@@ -1,0 +1,41 @@
+"""meshplan export: torchtitan >= 0.3 config registry."""
+# meshplan export for torchtitan
+# model: grok-1-314b (64 layers); gpus: 1024xh100-sxm
+# plan: global_batch=2048, seq_len=8192, tp=4, sp=True, cp=2, pp=8, vpp=8, dp=16, zero=1, ep=8
+# APPROXIMATE: torchtitan cannot express 2 part(s) of the plan:
+#   - model grok-1-314b: torchtitan ships no flavor with 64 layers x 6144 (mixtral); the config names flavor 'grok-1-314b' of 'deepseek_v3', which you must register
+#   - ZeRO-1: torchtitan shards with FSDP2 only; exported as FSDP without resharding after forward (gradients are sharded too, as in ZeRO-2)
+# run: torchrun ... -m torchtitan.train --module THIS_MODULE --config meshplan_config
+
+from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.models.deepseek_v3 import model_registry
+from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_671b
+
+
+def meshplan_config():
+    """grok-1-314b on 1024 GPUs."""
+    config = deepseek_v3_671b()
+    config.model_spec = model_registry('grok-1-314b')
+    config.training = TrainingConfig(
+        local_batch_size=128,
+        global_batch_size=2048,
+        seq_len=8192,
+        mixed_precision_param='bfloat16',
+    )
+    config.parallelism = ParallelismConfig(
+        data_parallel_replicate_degree=1,
+        data_parallel_shard_degree=16,
+        fsdp_reshard_after_forward='never',
+        tensor_parallel_degree=4,
+        pipeline_parallel_degree=8,
+        pipeline_parallel_microbatch_size=1,
+        pipeline_parallel_schedule='Interleaved1F1B',
+        module_fqns_per_model_part=[['tok_embeddings', 'layers.0'], ['layers.1'], ['layers.2'], ['layers.3'], ['layers.4'], ['layers.5'], ['layers.6'], ['layers.7'], ['layers.8'], ['layers.9'], ['layers.10'], ['layers.11'], ['layers.12'], ['layers.13'], ['layers.14'], ['layers.15'], ['layers.16'], ['layers.17'], ['layers.18'], ['layers.19'], ['layers.20'], ['layers.21'], ['layers.22'], ['layers.23'], ['layers.24'], ['layers.25'], ['layers.26'], ['layers.27'], ['layers.28'], ['layers.29'], ['layers.30'], ['layers.31'], ['layers.32'], ['layers.33'], ['layers.34'], ['layers.35'], ['layers.36'], ['layers.37'], ['layers.38'], ['layers.39'], ['layers.40'], ['layers.41'], ['layers.42'], ['layers.43'], ['layers.44'], ['layers.45'], ['layers.46'], ['layers.47'], ['layers.48'], ['layers.49'], ['layers.50'], ['layers.51'], ['layers.52'], ['layers.53'], ['layers.54'], ['layers.55'], ['layers.56'], ['layers.57'], ['layers.58'], ['layers.59'], ['layers.60'], ['layers.61'], ['layers.62'], ['layers.63', 'norm', 'lm_head']],
+        context_parallel_degree=2,
+        expert_parallel_degree=8,
+        enable_sequence_parallel=True,
+    )
+    config.activation_checkpoint = None
+    config.compile = CompileConfig(enable=False)
+    return config

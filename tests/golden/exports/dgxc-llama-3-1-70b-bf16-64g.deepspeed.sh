@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# meshplan export for DeepSpeed
+# model: llama3.1-70b (80 layers); gpus: 64xh100-sxm
+# plan: global_batch=128, seq_len=8192, tp=4, sp=True, cp=2, pp=4, vpp=5, dp=2, zero=1
+# APPROXIMATE: DeepSpeed cannot express 2 part(s) of the plan:
+#   - ring context parallel: Megatron-DeepSpeed splits sequences with DeepSpeed-Ulysses (all-to-all); exported as Ulysses
+#   - schedule interleaved_1f1b with vpp=5: DeepSpeed's pipeline engine runs 1F1B on one stage per rank (or ZB-H1); exported as 1F1B
+# source this file, then: deepspeed --num_nodes $NNODES --num_gpus $GPUS_PER_NODE \
+#     pretrain_gpt.py "${MDS_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ...
+DS_CONFIG="${DS_CONFIG:-ds_config.json}"
+cat > "$DS_CONFIG" <<'JSON'
+{
+  "train_batch_size": 128,
+  "train_micro_batch_size_per_gpu": 1,
+  "gradient_accumulation_steps": 64,
+  "gradient_clipping": 1.0,
+  "steps_per_print": 10,
+  "wall_clock_breakdown": false,
+  "bf16": {
+    "enabled": true
+  },
+  "zero_optimization": {
+    "stage": 1,
+    "overlap_comm": true,
+    "contiguous_gradients": true,
+    "reduce_scatter": true
+  }
+}
+JSON
+MDS_ARGS=(
+    --num-layers 80
+    --hidden-size 8192
+    --ffn-hidden-size 28672
+    --num-attention-heads 64
+    --seq-length 8192
+    --max-position-embeddings 8192
+    --num-key-value-heads 8
+    --normalization rmsnorm
+    --swiglu
+    --use-rotary-position-embeddings
+    --no-position-embedding
+    --untie-embeddings-and-output-weights
+    --tensor-model-parallel-size 4
+    --pipeline-model-parallel-size 4
+    --sequence-parallel
+    --ds-sequence-parallel-size 2
+    --micro-batch-size 1
+    --global-batch-size 128
+    --bf16
+    --deepspeed
+    --deepspeed_config ${DS_CONFIG}
+    --zero-stage 1
+)

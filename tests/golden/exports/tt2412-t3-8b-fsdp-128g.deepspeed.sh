@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# meshplan export for DeepSpeed
+# model: llama3-8b (32 layers); gpus: 128xh100-hbm2e-96gb
+# plan: global_batch=256, seq_len=8192, micro_batch=2, dp=128, zero=3, recompute=selective
+# exact: DeepSpeed expresses every part of the plan
+# source this file, then: deepspeed --num_nodes $NNODES --num_gpus $GPUS_PER_NODE \
+#     pretrain_gpt.py "${MDS_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ...
+DS_CONFIG="${DS_CONFIG:-ds_config.json}"
+cat > "$DS_CONFIG" <<'JSON'
+{
+  "train_batch_size": 256,
+  "train_micro_batch_size_per_gpu": 2,
+  "gradient_accumulation_steps": 1,
+  "gradient_clipping": 1.0,
+  "steps_per_print": 10,
+  "wall_clock_breakdown": false,
+  "bf16": {
+    "enabled": true
+  },
+  "zero_optimization": {
+    "stage": 3,
+    "overlap_comm": true,
+    "contiguous_gradients": true,
+    "reduce_scatter": true
+  },
+  "activation_checkpointing": {
+    "partition_activations": false,
+    "contiguous_memory_optimization": false,
+    "cpu_checkpointing": false
+  }
+}
+JSON
+MDS_ARGS=(
+    --num-layers 32
+    --hidden-size 4096
+    --ffn-hidden-size 14336
+    --num-attention-heads 32
+    --seq-length 8192
+    --max-position-embeddings 8192
+    --num-key-value-heads 8
+    --normalization rmsnorm
+    --swiglu
+    --use-rotary-position-embeddings
+    --no-position-embedding
+    --untie-embeddings-and-output-weights
+    --tensor-model-parallel-size 1
+    --pipeline-model-parallel-size 1
+    --no-pipeline-parallel
+    --micro-batch-size 2
+    --global-batch-size 256
+    --bf16
+    --recompute-granularity selective
+    --deepspeed
+    --deepspeed_config ${DS_CONFIG}
+    --zero-stage 3
+)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# meshplan export for Megatron-LM
+# model: llama3-8b (32 layers); gpus: 128xh100-hbm2e-96gb
+# plan: global_batch=256, seq_len=8192, micro_batch=2, dp=128, zero=3, recompute=selective
+# exact: Megatron-LM expresses every part of the plan
+# launch on 128 GPUs, adding tokenizer, data and optimizer arguments:
+#   torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE pretrain_gpt.py \
+#       "${MEGATRON_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ... --train-iters ...
+MEGATRON_ARGS=(
+    --num-layers 32
+    --hidden-size 4096
+    --ffn-hidden-size 14336
+    --num-attention-heads 32
+    --group-query-attention
+    --num-query-groups 8
+    --seq-length 8192
+    --max-position-embeddings 8192
+    --position-embedding-type rope
+    --normalization RMSNorm
+    --swiglu
+    --disable-bias-linear
+    --untie-embeddings-and-output-weights
+    --vocab-size 128256
+    --tensor-model-parallel-size 1
+    --pipeline-model-parallel-size 1
+    --micro-batch-size 2
+    --global-batch-size 256
+    --recompute-granularity selective
+    --use-distributed-optimizer
+    --use-megatron-fsdp
+    --data-parallel-sharding-strategy optim_grads_params
+    --overlap-grad-reduce
+    --overlap-param-gather
+    --bf16
+)
