@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
 from meshplan.runtime.mesh import Meshes
@@ -53,10 +53,13 @@ def _layer_tp_plan(block: nn.Module, sp: bool) -> dict:
         plan["ffn_norm"] = SequenceParallel()
     if hasattr(block, "moe"):
         # Experts stay whole on every tp rank (etp = 1): gather the sequence in, hand the sequence shard back.
-        plan["moe"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
         if sp:
-            plan["moe"] = [plan["moe"], PrepareModuleOutput(output_layouts=(Replicate(),),
-                                                            desired_output_layouts=(Shard(1),))]
+            plan["moe"] = PrepareModuleInputOutput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
+                                                   use_local_input=True, output_layouts=(Replicate(),),
+                                                   desired_output_layouts=(Shard(1),))
+        else:
+            plan["moe"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
+                                             use_local_output=True)
     else:
         plan.update({
             "feed_forward": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
