@@ -127,7 +127,7 @@ def inflight_microbatches(schedule: str, *, pp: int, vpp: int, n_micro: int, ran
     if schedule == "zb_h1":
         return base + w_hold * min(r, m - base)
     if schedule == "zbv":
-        return min(float(p), (m + r + 1) / 2)
+        return min(float(p), float(m), (m + r + 1) / 2)
     if schedule == "dualpipev":
         return p + 0.5
     return base

@@ -109,6 +109,12 @@ class Plan:
         return self.dp_shard or self.dp
 
     @property
+    def zero_group(self) -> int:
+        """Ranks that shard one ZeRO/FSDP copy: the shard group with cp folded in (Megatron's distributed
+        optimizer uses the dp x cp group; torchtitan applies FSDP on its dp_shard x cp mesh)."""
+        return self.shard_group * self.cp if self.zero else 1
+
+    @property
     def dp_replicate(self) -> int:
         """Data-parallel replicas (HSDP outer degree)."""
         return self.dp // self.shard_group

@@ -1,0 +1,162 @@
+"""Published runs (the schema of ``../shared/validation/runs_visible.csv``) as (model, cluster, plan) triples.
+
+Each row is translated from its own columns; the free-text ``notes`` are read only for facts the schema has no
+column for (activation type, MLA ranks, first dense layers, capacity factor, head_dim, TP overlap), exactly as
+the dataset's README lists them. A row that cannot be expressed is returned with the reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshplan import catalog
+from meshplan.errors import MeshplanError, SpecError
+from meshplan.spec.checks import plan_violations
+from meshplan.spec.cluster import ClusterSpec, Pool
+from meshplan.spec.model import ModelSpec, MoESpec, decoder_model
+from meshplan.spec.plan import Plan
+
+REQUIRED = ("id", "arch", "n_layers", "hidden", "ffn_hidden", "n_heads", "vocab", "seq_len", "global_batch", "gpu",
+            "n_gpus", "tp", "pp", "dp", "step_time_s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """One published run as specs, with its measured step time."""
+
+    id: str
+    """Row id."""
+    model: ModelSpec
+    """Model built from the row's columns."""
+    cluster: ClusterSpec
+    """Cluster of the row's GPUs."""
+    plan: Plan
+    """The published layout."""
+    measured_s: float
+    """Measured (or exactly derived) step time (s)."""
+    row: dict
+    """The raw row."""
+
+
+def _int(row: dict, key: str, default: int | None = None) -> int:
+    v = (row.get(key) or "").strip()
+    if not v:
+        if default is None:
+            raise SpecError(key, v, "is empty and has no default")
+        return default
+    try:
+        return int(float(v))
+    except ValueError:
+        raise SpecError(key, v, "must be a number") from None
+
+
+def _note_int(notes: str, pattern: str) -> int:
+    m = re.search(pattern, notes, flags=re.IGNORECASE)
+    return int(m.group(1)) if m else 0
+
+
+def _activation(row: dict, notes: str) -> str:
+    low = notes.lower()
+    for word, act in (("squared-relu", "relu2"), ("squared relu", "relu2"), ("geglu", "geglu"), ("swiglu", "swiglu")):
+        if word in low:
+            return act
+    if row["arch"] == "moe":
+        return "swiglu"
+    # GPT-style models use ffn = 4h with GeLU; any other width is a gated (SwiGLU) FFN.
+    return "gelu" if _int(row, "ffn_hidden") == 4 * _int(row, "hidden") else "swiglu"
+
+
+def row_model(row: dict) -> ModelSpec:
+    """The model of a row: dims from columns, the rest from the notes as the dataset README documents."""
+    notes = row.get("notes", "")
+    act = _activation(row, notes)
+    gated_family = act in ("swiglu", "geglu")
+    heads = _int(row, "n_heads")
+    kw = dict(name=row["model"] or row["id"], n_layers=_int(row, "n_layers"), hidden=_int(row, "hidden"),
+              n_heads=heads, n_kv_heads=_int(row, "n_kv_heads", heads), ffn_hidden=_int(row, "ffn_hidden"),
+              vocab=_int(row, "vocab"), activation=act, norm="rmsnorm" if gated_family else "layernorm",
+              bias=not gated_family and act == "gelu", tied_embeddings=act == "gelu",
+              head_dim=_note_int(notes, r"head_dim (\d+)"))
+    if not row.get("n_kv_heads"):
+        # MLA: the dataset leaves n_kv_heads empty; ranks from the notes, DeepSeek-V3 head widths.
+        kw.update(attention_kind="mla", q_lora_rank=_note_int(notes, r"q_lora (\d+)") or 1536,
+                  kv_lora_rank=_note_int(notes, r"kv_lora (\d+)") or 512, qk_rope_head_dim=64, v_head_dim=128,
+                  head_dim=128)
+    if row["arch"] == "moe":
+        cf = re.search(r"capacity factor ([\d.]+)", notes, flags=re.IGNORECASE)
+        moe = MoESpec(n_experts=_int(row, "n_experts"), top_k=_int(row, "top_k"),
+                      expert_ffn_hidden=_int(row, "moe_ffn_hidden", _int(row, "ffn_hidden")),
+                      n_shared_experts=_int(row, "n_shared_experts", 0), capacity_factor=float(cf.group(1)) if cf else 0.0)
+        kw.update(moe=moe, first_dense=_note_int(notes, r"first (\d+) layers dense"),
+                  dense_ffn_hidden=_int(row, "ffn_hidden"), ffn_hidden=moe.expert_ffn_hidden)
+    return decoder_model(**kw)
+
+
+def row_cluster(row: dict) -> ClusterSpec:
+    """The row's GPUs as one pool."""
+    gpu = catalog.gpu(row["gpu"])
+    n = _int(row, "n_gpus")
+    return ClusterSpec(pools=(Pool(gpu=gpu, n_gpus=n, gpus_per_node=_int(row, "gpus_per_node", 8)),))
+
+
+def _vpp(row: dict) -> int:
+    """Virtual stages; unknown means none, except a run named interleaved, which has at least two."""
+    if (row.get("vpp") or "").strip():
+        return _int(row, "vpp")
+    text = (row.get("id", "") + " " + row.get("model", "")).lower()
+    return 2 if "interleav" in text and _int(row, "pp") > 1 else 1
+
+
+def row_plan(row: dict) -> Plan:
+    """The published layout; empty cells take the framework defaults (no interleaving, micro-batch 1, no
+    recompute, no ZeRO), and TP overlap only where the notes name it."""
+    notes = (row.get("notes") or "").lower()
+    tp = _int(row, "tp")
+    return Plan(global_batch=_int(row, "global_batch"), seq_len=_int(row, "seq_len"),
+                micro_batch=_int(row, "micro_batch", 1), tp=tp, sp=bool(_int(row, "sp", 0)) and tp > 1,
+                cp=_int(row, "cp", 1), pp=_int(row, "pp"), vpp=_vpp(row), dp=_int(row, "dp"),
+                zero=_int(row, "zero", 0), ep=_int(row, "ep", 1), recompute=row.get("recompute") or "none",
+                precision=row.get("precision") or "bf16",
+                tp_comm_overlap=any(k in notes for k in ("tp-comm-overlap", "tp_comm_overlap", "asynctp")))
+
+
+def infer_recompute(row: dict, model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> Plan:
+    """Fill an unknown recompute mode: a FLOP convention that counts a recompute forward says full recompute
+    (the source measured it that way); otherwise the framework default, none."""
+    if (row.get("recompute") or "").strip():
+        return plan
+    if "recompute forward" in (row.get("flops_convention") or "").lower():
+        return plan.with_(recompute="full")
+    return plan
+
+
+def row_to_run(row: dict) -> Run:
+    """Translate one CSV row; raises MeshplanError with the reason when it cannot be expressed."""
+    missing = [k for k in REQUIRED if not (row.get(k) or "").strip()]
+    if missing:
+        raise SpecError(row.get("id", "?"), ",".join(missing), "required columns are empty")
+    model, cluster, plan = row_model(row), row_cluster(row), row_plan(row)
+    bad = plan_violations(model, cluster, plan)
+    if not bad:
+        plan = infer_recompute(row, model, cluster, plan)
+    if bad:
+        raise SpecError(row["id"], "layout", "; ".join(bad))
+    return Run(id=row["id"], model=model, cluster=cluster, plan=plan, measured_s=float(row["step_time_s"]), row=row)
+
+
+def load_runs(path: str | Path) -> tuple[list[Run], list[tuple[str, str]]]:
+    """All expressible runs of a CSV and the (id, reason) of every skipped row."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("file", str(p), "no such file")
+    runs, skipped = [], []
+    with p.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            try:
+                runs.append(row_to_run(row))
+            except MeshplanError as exc:
+                skipped.append((row.get("id", "?"), str(exc)))
+    return runs, skipped

@@ -1,0 +1,75 @@
+"""Calibration constants: few, per hardware generation, documented, fitted by ``meshplan.calibrate.fit``.
+
+Defaults come from public micro-benchmarks (cited per field); ``calibrate/constants.toml`` holds the values
+the fit script wrote from the visible published runs. Nothing here is edited by hand to pass a row.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
+from importlib import resources
+
+from meshplan.errors import SpecError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Efficiency constants of one hardware generation."""
+
+    gemm_eff: float = 0.75
+    """Fraction of dense peak a large bf16 GEMM reaches (cuBLAS on A100/H100 reaches 70-80%, NVIDIA
+    Transformer Engine and cuBLAS benchmarks). Fitted."""
+    fp8_eff: float = 0.60
+    """Fraction of FP8 peak a large fp8 GEMM reaches, scaling/casts included (TE fp8 GEMM benchmarks reach
+    55-70%). Fitted."""
+    attn_eff: float = 0.50
+    """Fraction of bf16 peak flash-attention reaches, forward and backward averaged (FlashAttention-2 reports
+    50-73% fwd, 40-63% bwd on A100; FlashAttention-3 up to 75% on H100)."""
+    mem_eff: float = 0.80
+    """Fraction of HBM bandwidth memory-bound kernels reach (STREAM-like copies reach 80-90%)."""
+    n_half: float = 96.0
+    """GEMM dimension at which efficiency halves (tile quantization and pipeline fill of small GEMMs;
+    cuBLAS sweeps show ~50% at dims near one 128-wide tile)."""
+    intra_eff: float = 0.80
+    """Achieved bus bandwidth over scale-up links (nccl-tests: ~360 of 450 GB/s on H100 NVLink4, ~230 of 300
+    on A100 NVLink3)."""
+    inter_eff: float = 0.85
+    """Achieved bus bandwidth over NIC rails (nccl-tests: ~42 of 50 GB/s per 400G rail)."""
+    launch_s: float = 5e-6
+    """Minimum duration of one kernel (launch gap, s): CUDA launch latency is 3-6 us."""
+    step_overhead_s: float = 0.02
+    """Fixed per-step time outside the model (optimizer bookkeeping, data loading, logging) (s). Fitted."""
+    overlap_eff: float = 0.85
+    """Fraction of overlappable communication actually hidden (stream contention slows both; Megatron
+    overlap studies report 80-90% hiding). Fitted."""
+
+    def with_(self, **kw) -> "Calibration":
+        """A copy with some constants changed."""
+        return replace(self, **kw)
+
+
+FITTED_FIELDS = ("gemm_eff", "fp8_eff", "step_overhead_s", "overlap_eff")
+
+
+@lru_cache(maxsize=1)
+def _fitted() -> dict[str, dict[str, float]]:
+    path = resources.files("meshplan.calibrate").joinpath("constants.toml")
+    if not path.is_file():
+        return {}
+    data = tomllib.loads(path.read_text())
+    return {k: v for k, v in data.items() if isinstance(v, dict)}
+
+
+def calibration_for(gpu_name: str, generation: str,
+                    table: dict[str, dict[str, float]] | None = None) -> Calibration:
+    """The calibration of a GPU: field defaults, overridden by the fitted table's ``default`` section, then its
+    generation's section, then a section for this GPU model (a distinct part such as a power-capped SKU)."""
+    table = _fitted() if table is None else table
+    values = {**table.get("default", {}), **table.get(generation, {}), **table.get(gpu_name, {})}
+    known = {f.name for f in fields(Calibration)}
+    bad = set(values) - known
+    if bad:
+        raise SpecError("calibration", sorted(bad), f"unknown constants; known: {', '.join(sorted(known))}")
+    return Calibration(**values)

@@ -1,0 +1,63 @@
+"""Compute time of ops: a roofline with a shape-dependent efficiency per GPU generation."""
+
+from __future__ import annotations
+
+from meshplan.cost.calib import Calibration
+from meshplan.cost.ops import Gemm, LayerOps
+from meshplan.spec.hardware import GPUSpec
+
+DTYPE_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+
+
+def shape_eff(m: float, n: float, k: float, calib: Calibration) -> float:
+    """Efficiency loss of small GEMMs: each dim d contributes d / (d + n_half) (tile quantization and
+    pipeline fill; a saturating fit to cuBLAS shape sweeps). Large dims give 1."""
+    e = 1.0
+    for d in (m, n, k):
+        e *= d / (d + calib.n_half)
+    return e
+
+
+def gemm_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float:
+    """Seconds for one GEMM (all copies): max of compute roofline and memory roofline (Williams et al. 2009),
+    and at least one kernel launch per copy. fp8 applies to weight GEMMs only."""
+    use = "fp8" if (dtype == "fp8" and g.linear) else ("bf16" if dtype == "fp8" else dtype)
+    peak = gpu.peak_flops(use)
+    eff = (calib.fp8_eff if use == "fp8" else calib.gemm_eff) * shape_eff(g.m, g.n, g.k, calib)
+    t_compute = g.flops / (peak * eff)
+    b = DTYPE_BYTES[use]
+    t_memory = g.count * b * (g.m * g.k + g.k * g.n + g.m * g.n) / (gpu.hbm_bandwidth * calib.mem_eff)
+    return max(t_compute, t_memory, g.count * calib.launch_s)
+
+
+def attention_time(flops: float, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float:
+    """Seconds for the attention core (flash attention stays in bf16/fp16 under fp8 training)."""
+    if flops <= 0:
+        return 0.0
+    use = "bf16" if dtype == "fp8" else dtype
+    return max(flops / (gpu.peak_flops(use) * calib.attn_eff), calib.launch_s)
+
+
+def memory_time(nbytes: float, *, gpu: GPUSpec, calib: Calibration) -> float:
+    """Seconds to stream ``nbytes`` through HBM at the achievable bandwidth."""
+    return nbytes / (gpu.hbm_bandwidth * calib.mem_eff)
+
+
+def layer_compute(ops: LayerOps, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> tuple[float, float, float]:
+    """(forward, backward-input, backward-weight) compute seconds of one layer on one rank.
+
+    Backward GEMMs: input and weight gradients, each of the forward's FLOPs (Narayanan et al. 2021, sec. 3.2).
+    Flash-attention backward does 2.5x the forward's matmul work (Dao 2023, sec. 3.1: 5 GEMMs vs 2) and is
+    all input-gradient. Elementwise backward moves about twice the forward bytes (reads saved inputs and
+    output gradients, writes input gradients).
+    """
+    fwd = bi = bw = 0.0
+    for g in ops.gemms:
+        fwd += gemm_time(g, gpu=gpu, calib=calib, dtype=dtype)
+        bi += gemm_time(Gemm(name=g.name, m=g.m, n=g.k, k=g.n, count=g.count, linear=g.linear),
+                        gpu=gpu, calib=calib, dtype=dtype)
+        bw += gemm_time(Gemm(name=g.name, m=g.k, n=g.n, k=g.m, count=g.count, linear=g.linear),
+                        gpu=gpu, calib=calib, dtype=dtype)
+    att = attention_time(ops.attn_flops, gpu=gpu, calib=calib, dtype=dtype)
+    ew = memory_time(ops.elementwise_bytes, gpu=gpu, calib=calib)
+    return fwd + att + ew, bi + 2.5 * att + 2 * ew, bw

@@ -1,0 +1,123 @@
+"""Data-parallel, ZeRO and FSDP traffic and its overlap with compute.
+
+ZeRO (Rajbhandari et al. 2020, sec. 7): stage 0 all-reduces gradients (2 Psi), stages 1-2 reduce-scatter
+gradients and all-gather updated parameters (same volume), stage 3 all-gathers parameters in forward and again
+in backward and reduce-scatters gradients (3 Psi), every micro-batch under FSDP2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.cost.calib import Calibration
+from meshplan.cost.comm import Links, collective_time
+from meshplan.cost.memory import bytes_per_param
+from meshplan.spec.plan import Plan
+
+# Megatron's DDP bucket: max(40M, 1M x dp) parameters (megatron/core/distributed/distributed_data_parallel.py).
+BUCKET_PARAMS = 40e6
+
+
+@dataclass(frozen=True, kw_only=True)
+class DPCost:
+    """Data-parallel time of one pipeline rank (s)."""
+
+    per_micro_fwd: float = 0.0
+    """Exposed FSDP all-gathers per micro-batch in forward."""
+    per_micro_bwd: float = 0.0
+    """Exposed FSDP all-gathers and reduce-scatters per micro-batch in backward."""
+    per_step: float = 0.0
+    """Exposed gradient reduction / parameter gather once per step (after the last backward)."""
+    total_traffic: float = 0.0
+    """All DP communication time before overlap, per step (informative)."""
+
+
+def _expert_group(plan: Plan) -> int:
+    """Expert-data-parallel degree: the ranks that replicate one expert shard (Megatron MoE layout)."""
+    return max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1)
+
+
+def on_any(plan: Plan) -> bool:
+    """Some DP/FSDP overlap is enabled."""
+    return plan.overlap_param_gather or plan.overlap_grad_reduce
+
+
+def fsdp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: Calibration, fwd: float,
+              bwd: float, n_units: int) -> DPCost:
+    """ZeRO-3/FSDP2 per micro-batch: all-gather bf16 parameters before forward and again before backward
+    (reshard after forward), reduce-scatter fp32 gradients; prefetching hides them behind the previous
+    unit's compute except the first unit. HSDP adds a once-per-step all-reduce of the sharded gradients
+    across replicas."""
+    shard = plan.zero_group
+    units = max(n_units, 1)
+    w_bytes = 2.0 if plan.precision != "fp32" else 4.0
+
+    def per_unit(kind: str, params: float, nbytes: float, size: int, link) -> float:
+        # One collective per FSDP unit (a layer): the latency term is paid once per unit.
+        return units * collective_time(kind, params * nbytes / units, size=size, link=link, calib=calib)
+
+    ag = per_unit("all_gather", dense, w_bytes, shard, links.dp_shard)
+    rs = per_unit("reduce_scatter", dense, 4.0, shard, links.dp_shard)
+    if expert:
+        eg = _expert_group(plan)
+        ag += per_unit("all_gather", expert, w_bytes, eg, links.dp)
+        rs += per_unit("reduce_scatter", expert, 4.0, eg, links.dp)
+    if plan.pp > 1 and plan.n_micro > 1:
+        # Under a pipeline schedule FSDP2 keeps parameters unsharded across micro-batches and syncs gradients
+        # only on the last backward (torch.distributed.pipelining; torchtitan's reshard policy for PP):
+        # one gather and one reduce-scatter per step.
+        per_step = max(ag + rs - calib.overlap_eff * (fwd + bwd), (ag + rs) / units) if on_any(plan) else ag + rs
+        return DPCost(per_step=per_step, total_traffic=ag + rs)
+    on = plan.overlap_param_gather
+    f = max(ag - calib.overlap_eff * fwd, ag / units) if on else ag
+    b = max(ag + rs - calib.overlap_eff * bwd, (ag + rs) / units) if on else ag + rs
+    rep = plan.dp_replicate
+    ar = collective_time("all_reduce", dense / shard * 4.0, size=rep, link=links.dp_replicate, calib=calib)
+    per_step = max(ar - calib.overlap_eff * bwd, 0.0) if plan.overlap_grad_reduce else ar
+    return DPCost(per_micro_fwd=f, per_micro_bwd=b, per_step=per_step,
+                  total_traffic=(2 * ag + rs) * plan.n_micro + ar)
+
+
+def ddp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: Calibration, fwd: float,
+             bwd: float) -> DPCost:
+    """ZeRO 0-2 once per step: gradients reduced during the last micro-batch's backward (overlap_grad_reduce,
+    bucketed), updated bf16 parameters gathered during the next forward (overlap_param_gather). The last
+    bucket cannot hide."""
+    _, g_bytes, _ = bytes_per_param(plan)
+    group = plan.dp * plan.cp
+    kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
+    red = collective_time(kind, dense * g_bytes, size=group, link=links.dp, calib=calib)
+    bucket = collective_time(kind, min(BUCKET_PARAMS, dense) * g_bytes, size=group, link=links.dp, calib=calib)
+    gather = bucket_g = 0.0
+    if plan.zero:
+        gather = collective_time("all_gather", dense * 2.0, size=group, link=links.dp, calib=calib)
+        bucket_g = collective_time("all_gather", min(BUCKET_PARAMS, dense) * 2.0, size=group, link=links.dp,
+                                   calib=calib)
+    if expert:
+        eg = _expert_group(plan)
+        red += collective_time(kind, expert * g_bytes, size=eg, link=links.dp, calib=calib)
+        if plan.zero:
+            gather += collective_time("all_gather", expert * 2.0, size=eg, link=links.dp, calib=calib)
+    exp_red = max(red - calib.overlap_eff * bwd, bucket) if plan.overlap_grad_reduce else red
+    exp_gat = max(gather - calib.overlap_eff * fwd, bucket_g) if plan.overlap_param_gather else gather
+    return DPCost(per_step=exp_red + exp_gat, total_traffic=red + gather)
+
+
+def dp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: Calibration, fwd: float, bwd: float,
+            n_units: int) -> DPCost:
+    """Data-parallel cost of one pipeline rank holding ``dense``/``expert`` parameters; ``fwd``/``bwd`` are
+    its compute per micro-batch (s) that traffic can hide behind."""
+    if plan.dp * plan.cp <= 1 and plan.shard_group <= 1 and not expert:
+        return DPCost()
+    if plan.zero == 3:
+        return fsdp_cost(dense, expert, plan=plan, links=links, calib=calib, fwd=fwd, bwd=bwd, n_units=n_units)
+    return ddp_cost(dense, expert, plan=plan, links=links, calib=calib, fwd=fwd, bwd=bwd)
+
+
+def optimizer_time(dense: float, expert: float, *, plan: Plan, hbm_bandwidth: float, mem_eff: float) -> float:
+    """Adam step, memory-bound: read fp32 master, m, v and gradient, write master, m, v and the 16-bit weight
+    (30 bytes per locally owned parameter; multi-tensor apply)."""
+    shard = plan.zero_group
+    eshard = _expert_group(plan) if plan.zero >= 1 else 1
+    local = dense / shard + expert / eshard
+    return 30.0 * local / (hbm_bandwidth * mem_eff)

@@ -1,0 +1,255 @@
+"""The estimate: step time and per-GPU memory of (model, cluster, plan), assembled from the pure cost functions.
+
+Step = pipeline time of the per-stage micro-batch costs (closed form, or the event simulator) + exposed
+once-per-step data-parallel traffic + optimizer + fixed overhead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.cost.calib import Calibration, calibration_for
+from meshplan.cost.comm import collective_time, plan_links
+from meshplan.cost.dp import DPCost, dp_cost, optimizer_time
+from meshplan.cost.memory import bytes_per_param, layer_recompute_mode, logits_bytes, reserved_bytes
+from meshplan.cost.ops import layer_ops
+from meshplan.cost.pipeline import closed_form, inflight_microbatches
+from meshplan.cost.result import Estimate, MemoryBreakdown, StageTimes, TimeBreakdown
+from meshplan.cost.stage import Ctx, LayerCost, head_cost, layer_cost, stage_params, tokens_of
+from meshplan.spec.checks import check_plan, layer_split
+from meshplan.spec.cluster import ClusterSpec, Pool
+from meshplan.spec.model import BlockSpec, ModelSpec
+from meshplan.spec.plan import Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankCost:
+    """One pipeline rank, all its chunks, per micro-batch unless said otherwise."""
+
+    compute: float
+    """Forward + backward compute (s)."""
+    recompute: float
+    """Recompute part of compute (s)."""
+    tp: float
+    """Exposed TP (s)."""
+    cp: float
+    """Exposed CP (s)."""
+    ep: float
+    """Exposed EP (s)."""
+    dp: DPCost
+    """Data-parallel cost."""
+    optimizer: float
+    """Optimizer step (s, once per step)."""
+    memory: MemoryBreakdown
+    """Peak memory."""
+
+
+def stage_layers(model: ModelSpec, plan: Plan) -> list[list[tuple[BlockSpec, int]]]:
+    """Layers of each virtual stage, in pipeline order."""
+    flat = list(model.layers())
+    out, i = [], 0
+    for n in layer_split(model, plan):
+        out.append(flat[i:i + n])
+        i += n
+    return out
+
+
+def rank_pool(cluster: ClusterSpec, plan: Plan, rank: int) -> Pool:
+    """The pool that hosts pipeline rank ``rank``: pools are laid out in order over global ranks; a pipeline
+    rank that spans several pools (or pp not outermost) runs at the pace of its slowest pool."""
+    if cluster.homogeneous:
+        return cluster.pools[0]
+    per = plan.n_gpus // plan.pp
+    lo, hi = (rank * per, (rank + 1) * per) if plan.rank_order.endswith("pp") else (0, plan.n_gpus)
+    spans, start = [], 0
+    for p in cluster.pools:
+        if start < hi and lo < start + p.n_gpus:
+            spans.append(p)
+        start += p.n_gpus
+    return min(spans, key=lambda p: p.gpu.peak_flops(plan.precision))
+
+
+def _per_layer(model: ModelSpec, plan: Plan, stages: list, ctxs: list[Ctx]) -> list[list[LayerCost]]:
+    """Cost of every layer; identical layers (same block, same recompute mode, same rank context) are costed
+    once, which keeps the estimate fast enough for search."""
+    costs = []
+    seen = [0] * plan.pp
+    cache: dict[tuple, LayerCost] = {}
+    for v, layers in enumerate(stages):
+        r = v % plan.pp
+        row = []
+        for block, _ in layers:
+            key = (id(block), id(ctxs[r]), layer_recompute_mode(plan, seen[r]))
+            if key not in cache:
+                cache[key] = layer_cost(block, ctxs[r], index_on_rank=seen[r])
+            row.append(cache[key])
+            seen[r] += 1
+        costs.append(row)
+    return costs
+
+
+def _stage_times(model: ModelSpec, plan: Plan, costs: list[list[LayerCost]], ctxs: list[Ctx],
+                 stages: list) -> StageTimes:
+    n = len(costs)
+    fwd, bi, bw, p2p, act = [], [], [], [], []
+    for v, row in enumerate(costs):
+        f = sum(c.fwd + c.tp_f + c.cp_f + c.ep_f for c in row)
+        b = sum(c.bwd_input + c.tp_b + c.cp_b + c.ep_b for c in row)
+        if v == n - 1:
+            hf, hb = head_cost(model, ctxs[v % plan.pp])
+            f, b = f + hf, b + hb
+        fwd.append(f)
+        bi.append(b)
+        bw.append(sum(c.bwd_weight for c in row))
+        act.append(sum(c.act_bytes for c in row))
+        ctx = ctxs[v % plan.pp]
+        block = stages[v][-1][0] if stages[v] else model.blocks[-1]
+        h_div = plan.tp if plan.sp else 1
+        nbytes = tokens_of(block, plan) * block.layer.hidden * 2.0 / h_div
+        p2p.append(collective_time("send_recv", nbytes, size=2, link=ctx.links.pp, calib=ctx.calib)
+                   if v < n - 1 else 0.0)
+    return StageTimes(fwd=tuple(fwd), bwd_input=tuple(bi), bwd_weight=tuple(bw), p2p=tuple(p2p),
+                      act_bytes=tuple(act))
+
+
+def _rank_memory(plan: Plan, *, dense: float, expert: float, act: float, extra_act: float, buffers: float,
+                 generation: str) -> MemoryBreakdown:
+    """Peak memory of one pipeline rank from its parameters and activations (bytes)."""
+    w, g, o = bytes_per_param(plan)
+    shard = plan.zero_group
+    edp = max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1)
+    # Experts shard over the expert-data-parallel ranks, in the same proportion as dense parameters (HSDP).
+    eshard = max(1, edp * plan.shard_group // plan.dp) if plan.zero else 1
+    def sharded(b: float, stage: int) -> float:
+        return dense * b / (shard if plan.zero >= stage else 1) + expert * b / (eshard if plan.zero >= stage else 1)
+    params = sharded(w, 3)
+    if plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1:
+        params += (dense + expert) * 2.0  # unsharded 16-bit copy kept across micro-batches (see dp.fsdp_cost)
+    return MemoryBreakdown(params=params, grads=sharded(g, 2), optimizer=sharded(o, 1),
+                           activations=act + extra_act, buffers=buffers, reserved=reserved_bytes(generation))
+
+
+def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCost]], times: StageTimes,
+               stages: list, ctx: Ctx) -> RankCost:
+    """Aggregate the chunks of pipeline rank ``r``."""
+    idx = list(range(r, plan.n_stages, plan.pp))
+    rows = [c for v in idx for c in costs[v]]
+    layers = [lay for v in idx for lay in stages[v]]
+    first, last = 0 in idx, plan.n_stages - 1 in idx
+    dense, expert = stage_params(model, layers, plan, first=first, last=last)
+    fwd = sum(times.fwd[v] for v in idx)
+    bwd = sum(times.bwd_input[v] + times.bwd_weight[v] for v in idx)
+    dp = dp_cost(dense, expert, plan=plan, links=ctx.links, calib=ctx.calib, fwd=fwd, bwd=bwd,
+                 n_units=max(len(rows), 1))
+    inflight = inflight_microbatches(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro, rank=r)
+    act = inflight * sum(times.act_bytes[v] for v in idx)
+    extra = max((c.full_act_bytes - c.act_bytes for c in rows), default=0.0)
+    buffers = logits_bytes(model, plan) if last else 0.0
+    if plan.zero == 3 and rows:
+        # Two unsharded 16-bit units in flight (current + prefetched) and one unit's fp32 gradients.
+        unit = (dense + expert) / len(rows)
+        buffers += unit * (2 * 2.0 + 4.0)
+    mem = _rank_memory(plan, dense=dense, expert=expert, act=act, extra_act=extra, buffers=buffers,
+                       generation=ctx.gpu.generation)
+    opt = optimizer_time(dense, expert, plan=plan, hbm_bandwidth=ctx.gpu.hbm_bandwidth, mem_eff=ctx.calib.mem_eff)
+    return RankCost(compute=sum(c.fwd + c.bwd_input + c.bwd_weight for c in rows),
+                    recompute=sum(c.recompute for c in rows), tp=sum(c.tp_f + c.tp_b for c in rows),
+                    cp=sum(c.cp_f + c.cp_b for c in rows), ep=sum(c.ep_f + c.ep_b for c in rows), dp=dp,
+                    optimizer=opt, memory=mem)
+
+
+def model_flops(model: ModelSpec, plan: Plan) -> float:
+    """Model FLOPs per step: 3x the forward (GEMMs, causal attention core, logits), no recompute, counted on
+    the unpartitioned model (the 'model FLOPs' of Korthikanti et al. 2022, sec. 6)."""
+    unit = Plan(global_batch=1, seq_len=plan.seq_len, micro_batch=1)
+    fwd = 0.0
+    for b in model.blocks:
+        ops = layer_ops(b.layer, tokens=b.tokens or plan.seq_len, plan=unit, seq=b.tokens or plan.seq_len)
+        fwd += b.n_layers * (sum(g.flops for g in ops.gemms) + ops.attn_flops)
+    fwd += 2.0 * plan.seq_len * model.hidden * model.vocab
+    return 3.0 * fwd * plan.global_batch
+
+
+def estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
+             calib: dict[str, dict[str, float]] | None = None, pipeline=None) -> Estimate:
+    """Predict one optimizer step of ``plan`` for ``model`` on ``cluster``.
+
+    Args:
+        calib: calibration table ``{generation: {constant: value}}``; None = the packaged fitted table.
+        pipeline: optional ``f(schedule, times, pp, vpp, n_micro) -> PipelineTime`` (the simulator); None =
+            the closed form.
+    """
+    check_plan(model, cluster, plan)
+    stages = stage_layers(model, plan)
+    ctxs, by_pool = [], {}
+    for r in range(plan.pp):
+        pool = rank_pool(cluster, plan, r)
+        if id(pool) not in by_pool:
+            by_pool[id(pool)] = Ctx(model=model, plan=plan, gpu=pool.gpu, links=plan_links(plan, pool),
+                                    calib=calibration_for(pool.gpu.name, pool.gpu.generation, calib))
+        ctxs.append(by_pool[id(pool)])
+    costs = _per_layer(model, plan, stages, ctxs)
+    times = _stage_times(model, plan, costs, ctxs, stages)
+    ranks = [_rank_cost(model, plan, r, costs=costs, times=times, stages=stages, ctx=ctxs[r]) for r in range(plan.pp)]
+    times = _with_fsdp(times, ranks, plan)
+    return _assemble(model, cluster, plan, times=times, ranks=ranks, ctxs=ctxs, pipeline=pipeline)
+
+
+def _with_fsdp(times: StageTimes, ranks: list[RankCost], plan: Plan) -> StageTimes:
+    """Fold per-micro-batch FSDP exposure into the stage durations (spread over a rank's chunks by their
+    compute) and record the once-per-step DP tail of each rank."""
+    fwd, bi = list(times.fwd), list(times.bwd_input)
+    for r, rc in enumerate(ranks):
+        idx = list(range(r, plan.n_stages, plan.pp))
+        tot_f = sum(times.fwd[v] for v in idx) or 1.0
+        tot_b = sum(times.bwd_input[v] for v in idx) or 1.0
+        for v in idx:
+            fwd[v] += rc.dp.per_micro_fwd * times.fwd[v] / tot_f
+            bi[v] += rc.dp.per_micro_bwd * times.bwd_input[v] / tot_b
+    return StageTimes(fwd=tuple(fwd), bwd_input=tuple(bi), bwd_weight=times.bwd_weight, p2p=times.p2p,
+                      act_bytes=times.act_bytes, dp_tail=tuple(rc.dp.per_step for rc in ranks))
+
+
+def _dp_exposed(times: StageTimes, plan: Plan) -> float:
+    """Once-per-step DP exposure on the critical path: rank r's gradient reduction starts when its last
+    backward ends, which in 1F1B-style schedules is sum_{q<r} b_q before rank 0's (the drain), so only what
+    exceeds that slack extends the step."""
+    worst, slack = 0.0, 0.0
+    for r, tail in enumerate(times.dp_tail):
+        worst = max(worst, tail - slack)
+        idx = range(r, plan.n_stages, plan.pp)
+        slack += sum(times.bwd_input[v] + times.bwd_weight[v] for v in idx) / max(plan.vpp, 1)
+    return max(worst, 0.0)
+
+
+def _assemble(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, times: StageTimes, ranks: list[RankCost],
+              ctxs: list[Ctx], pipeline) -> Estimate:
+    """Combine stage times, pipeline, DP tail, optimizer and overhead into the Estimate."""
+    fn = pipeline or closed_form
+    pipe = fn(plan.schedule_name, times, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
+    m = plan.n_micro
+    busiest = max(range(plan.pp), key=lambda r: sum(times.fwd[v] + times.bwd_input[v] + times.bwd_weight[v]
+                                                   for v in range(r, plan.n_stages, plan.pp)))
+    rc = ranks[busiest]
+    dp_step = _dp_exposed(times, plan)
+    fsdp = (rc.dp.per_micro_fwd + rc.dp.per_micro_bwd) * m
+    opt = max(r.optimizer for r in ranks)
+    overhead = max(c.calib.step_overhead_s for c in ctxs)
+    # The busy time splits into its parts; what the pipeline adds beyond busy is bubble and p2p.
+    parts = dict(compute=rc.compute * m, tp_comm=rc.tp * m, cp_comm=rc.cp * m, ep_comm=rc.ep * m)
+    scale = pipe.busy / max(sum(parts.values()) + fsdp, 1e-30)
+    tb = TimeBreakdown(compute=parts["compute"] * scale, recompute=rc.recompute * m * scale,
+                       tp_comm=parts["tp_comm"] * scale, cp_comm=parts["cp_comm"] * scale,
+                       ep_comm=parts["ep_comm"] * scale, dp_comm=fsdp * scale + dp_step, bubble=pipe.bubble,
+                       pp_comm=pipe.p2p, optimizer=opt, overhead=overhead)
+    step = tb.total()
+    flops = model_flops(model, plan)
+    peak = sum(p.n_gpus * p.gpu.peak_flops("bf16" if plan.precision == "fp8" else plan.precision)
+               for p in cluster.pools)
+    mems = tuple(r.memory for r in ranks)
+    worst = max(mems, key=lambda mb: mb.total())
+    return Estimate(step_time=step, tokens_per_s=plan.global_batch * plan.seq_len / step,
+                    mfu=flops / (step * peak), model_flops=flops, time=tb, memory=worst, memory_per_stage=mems,
+                    capacity=min(p.gpu.hbm_bytes for p in cluster.pools), stage_times=times,
+                    bubble_fraction=pipe.bubble / step, pipeline_source="closed-form" if pipeline is None
+                    else "simulator")

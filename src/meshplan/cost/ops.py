@@ -1,0 +1,143 @@
+"""The operations of one layer on one rank, for one micro-batch: GEMM shapes, attention-core FLOPs and
+elementwise bytes, after tensor/sequence/context/expert partitioning.
+
+Shapes are (M, N, K) with FLOPs = 2*M*N*K (one multiply-add = 2 FLOPs). The backward of a GEMM is two GEMMs
+of the same FLOPs: input gradient (M x K x N) and weight gradient (K x N x M) (Narayanan et al. 2021, sec. 3.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.spec.model import AttentionSpec, LayerSpec
+from meshplan.spec.plan import Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gemm:
+    """One matrix multiply: out[M, N] = in[M, K] @ w[K, N]; ``count`` identical copies (e.g. local experts)."""
+
+    name: str
+    """Which projection (``qkv``, ``fc1``, ``expert_fc1``...)."""
+    m: int
+    """Rows: tokens on this rank."""
+    n: int
+    """Output columns."""
+    k: int
+    """Reduction dimension."""
+    count: int = 1
+    """Identical GEMMs run back to back (grouped experts)."""
+    linear: bool = True
+    """A weight GEMM (runs in fp8 under fp8 precision); False for activation-activation products."""
+
+    @property
+    def flops(self) -> float:
+        """Forward FLOPs of all copies."""
+        return 2.0 * self.m * self.n * self.k * self.count
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerOps:
+    """Everything one layer computes on one rank for one micro-batch (forward direction)."""
+
+    gemms: tuple[Gemm, ...]
+    """Weight GEMMs."""
+    attn_flops: float
+    """Attention-core FLOPs (QK^T and AV), causal masking applied (FLOP)."""
+    elementwise_bytes: float
+    """HBM bytes moved by norms, activations, residuals, RoPE, router softmax (bytes)."""
+    tokens: int
+    """Tokens this rank's layer processes (after cp and, for h-sized tensors with sp, tp)."""
+
+
+def attention_gemms(att: AttentionSpec, h: int, tokens: int, tp: int) -> list[Gemm]:
+    """Projections of attention on a tp shard; GQA (Ainslie et al. 2023) or MLA (DeepSeek-V2, eq. 9-10)."""
+    a = att.n_heads // tp
+    if att.kind == "mla":
+        out = []
+        if att.q_lora_rank:
+            out += [Gemm(name="q_down", m=tokens, n=att.q_lora_rank, k=h),
+                    Gemm(name="q_up", m=tokens, n=a * att.qk_dim, k=att.q_lora_rank)]
+        else:
+            out.append(Gemm(name="q", m=tokens, n=a * att.qk_dim, k=h))
+        out += [Gemm(name="kv_down", m=tokens, n=att.kv_lora_rank + att.qk_rope_head_dim, k=h),
+                Gemm(name="kv_up", m=tokens, n=a * (att.head_dim + att.v_dim), k=att.kv_lora_rank)]
+        return out + [Gemm(name="proj", m=tokens, n=h, k=a * att.v_dim)]
+    g = max(att.n_kv_heads // tp, 1)
+    return [Gemm(name="qkv", m=tokens, n=(a + 2 * g) * att.head_dim, k=h),
+            Gemm(name="proj", m=tokens, n=h, k=a * att.v_dim)]
+
+
+def attention_core_flops(att: AttentionSpec, *, tokens: int, kv_len: int, tp: int) -> float:
+    """QK^T + AV FLOPs for ``tokens`` queries against ``kv_len`` keys; causal masking halves the work that
+    flash-attention kernels compute (Dao 2023, sec. 3.1 block skipping)."""
+    a = att.n_heads // tp
+    full = 2.0 * tokens * kv_len * a * (att.qk_dim + att.v_dim)
+    return full / 2 if att.causal else full
+
+
+def mlp_gemms(layer: LayerSpec, *, tokens: int, tp: int) -> list[Gemm]:
+    """Dense FFN: two matrices, three for gated activations (Shazeer 2020, GLU variants)."""
+    f = layer.ffn_hidden // tp
+    up = 2 * f if layer.gated else f
+    return [Gemm(name="fc1", m=tokens, n=up, k=layer.hidden), Gemm(name="fc2", m=tokens, n=layer.hidden, k=f)]
+
+
+def moe_gemms(layer: LayerSpec, *, tokens: int, plan: Plan) -> list[Gemm]:
+    """Router plus local experts. Tokens per expert assume balanced routing (dropless, or padded to capacity
+    when capacity_factor > 0, as GShard's capacity padding does, Lepikhin et al. 2020 sec. 2.2)."""
+    moe = layer.moe
+    assert moe is not None
+    local_experts = moe.n_experts // plan.ep
+    # Tokens enter the dispatcher sequence-sharded over tp (Megatron MoE); balanced routing gives each local
+    # expert tokens/tp * top_k / n_experts tokens from each of the ep ranks, all-gathered over etp.
+    per_expert = tokens / plan.tp * moe.top_k / moe.n_experts * plan.ep * plan.etp
+    if moe.capacity_factor > 0:
+        per_expert *= moe.capacity_factor
+    f = moe.expert_ffn_hidden // plan.etp
+    up = 2 * f if layer.gated else f
+    m = max(int(round(per_expert)), 1)
+    gemms = [Gemm(name="router", m=tokens, n=moe.n_experts, k=layer.hidden),
+             Gemm(name="expert_fc1", m=m, n=up, k=layer.hidden, count=local_experts),
+             Gemm(name="expert_fc2", m=m, n=layer.hidden, k=f, count=local_experts)]
+    if moe.n_shared_experts:
+        fs = moe.shared_width * moe.n_shared_experts // plan.tp
+        gemms += [Gemm(name="shared_fc1", m=tokens, n=2 * fs if layer.gated else fs, k=layer.hidden),
+                  Gemm(name="shared_fc2", m=tokens, n=layer.hidden, k=fs)]
+    return gemms
+
+
+def elementwise_bytes(layer: LayerSpec, *, tokens: int, plan: Plan, dtype_bytes: float) -> float:
+    """HBM traffic of the memory-bound ops of one layer forward: two norms and two residual adds on h-sized
+    tensors (sharded by tp under sp), the activation function on the FFN width, RoPE on q and k.
+    Each op reads its inputs and writes its output once (fused kernels, as Megatron/TE and torch.compile do)."""
+    tp = plan.tp
+    h_tok = tokens / tp if plan.sp else tokens
+    hidden_traffic = h_tok * layer.hidden * (2 * 2 + 2 * 3)  # 2 norms (r+w), 2 residual adds (2r+w)
+    if layer.moe is not None:
+        width = layer.moe.expert_ffn_hidden * layer.moe.top_k / max(plan.etp, 1)
+    else:
+        width = layer.ffn_hidden / tp
+    act = tokens * width * (3 if layer.gated else 2)  # gated: read gate+up, write; else read, write
+    rope = 0.0
+    if layer.attention is not None:
+        att = layer.attention
+        rope = tokens * 2 * (att.n_heads + att.n_kv_heads) / tp * att.head_dim
+    return (hidden_traffic + act + rope) * dtype_bytes
+
+
+def layer_ops(layer: LayerSpec, *, tokens: int, plan: Plan, seq: int = 0, dtype_bytes: float = 2.0) -> LayerOps:
+    """All ops of one layer on one rank for ``tokens`` tokens of one micro-batch (already divided by cp);
+    ``seq`` is the full per-sample sequence each query attends over (0 = plan.seq_len)."""
+    tp = plan.tp
+    gemms: list[Gemm] = []
+    attn = 0.0
+    if layer.attention is not None:
+        gemms += attention_gemms(layer.attention, layer.hidden, tokens, tp)
+        # Ring/all-to-all context parallel: each rank's queries meet all cp chunks of keys once.
+        attn = attention_core_flops(layer.attention, tokens=tokens, kv_len=seq or plan.seq_len, tp=tp)
+    if layer.in_hidden and layer.in_hidden != layer.hidden:
+        gemms.append(Gemm(name="in_proj", m=tokens, n=layer.hidden // tp, k=layer.in_hidden))
+    gemms += moe_gemms(layer, tokens=tokens, plan=plan) if layer.moe else mlp_gemms(layer, tokens=tokens, tp=tp)
+    return LayerOps(gemms=tuple(gemms), attn_flops=attn, tokens=tokens,
+                    elementwise_bytes=elementwise_bytes(layer, tokens=tokens, plan=plan, dtype_bytes=dtype_bytes))

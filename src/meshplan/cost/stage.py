@@ -1,0 +1,185 @@
+"""Per-layer and per-stage costs: compute, exposed TP/CP/EP communication, recompute, activations.
+
+Everything is per micro-batch on one rank of a virtual stage; the pipeline layer (closed form or simulator)
+turns it into a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.cost.calib import Calibration
+from meshplan.cost.comm import Links, collective_time
+from meshplan.cost.compute import gemm_time, layer_compute, memory_time
+from meshplan.cost.memory import act_bytes_per_token, layer_params, layer_recompute_mode
+from meshplan.cost.ops import Gemm, LayerOps, layer_ops
+from meshplan.spec.hardware import GPUSpec
+from meshplan.spec.model import BlockSpec, LayerSpec, ModelSpec
+from meshplan.spec.plan import Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ctx:
+    """What every per-layer cost function needs, passed explicitly."""
+
+    model: ModelSpec
+    """The model."""
+    plan: Plan
+    """The layout."""
+    gpu: GPUSpec
+    """The GPU running this stage."""
+    links: Links
+    """Process-group links for this stage's pool."""
+    calib: Calibration
+    """Constants of the GPU's generation."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerCost:
+    """One layer, one micro-batch, one rank (s and bytes)."""
+
+    fwd: float
+    """Forward compute (s)."""
+    bwd_input: float
+    """Input-gradient compute, recompute included (s)."""
+    bwd_weight: float
+    """Weight-gradient compute (s)."""
+    recompute: float
+    """Recompute part of bwd_input (s)."""
+    tp_f: float
+    """Exposed TP/SP communication in the forward (s)."""
+    tp_b: float
+    """Exposed TP/SP communication in the backward, recomputed forward included (s)."""
+    cp_f: float
+    """Exposed context-parallel communication, forward (s)."""
+    cp_b: float
+    """Exposed context-parallel communication, backward (s)."""
+    ep_f: float
+    """Exposed expert all-to-all, forward (s)."""
+    ep_b: float
+    """Exposed expert all-to-all, backward (s)."""
+    act_bytes: float
+    """Activations kept for backward (bytes)."""
+    full_act_bytes: float
+    """Activations of the layer without recompute (live while it is recomputed) (bytes)."""
+
+
+def tokens_of(block: BlockSpec, plan: Plan) -> int:
+    """Tokens of one micro-batch that a rank of this block processes (the sequence is split by cp)."""
+    per_sample = block.tokens or plan.seq_len
+    return max(plan.micro_batch * per_sample // plan.cp, 1)
+
+
+def _overlapped(comm: float, compute: float, *, overlap: bool, chunks: int, calib: Calibration) -> float:
+    """Exposed part of a collective pipelined against ``compute``: with overlap, the first of ``chunks``
+    pieces cannot hide and the rest hide up to overlap_eff of the compute; without, all of it shows."""
+    if not overlap or comm <= 0:
+        return comm
+    return max(comm - calib.overlap_eff * compute, comm / max(chunks, 1))
+
+
+def tp_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx, *, fwd_gemm: float, bwd_gemm: float) -> tuple[float, float]:
+    """Exposed TP time (forward, backward) of one layer. Megatron TP (Shoeybi et al. 2019): one all-reduce
+    after attention and one after the FFN, each way; with SP each becomes all-gather + reduce-scatter
+    (Korthikanti et al. 2022, sec. 4.2.2), the same bytes in the ring model."""
+    plan = ctx.plan
+    if plan.tp <= 1:
+        return 0.0, 0.0
+    n = int(layer.attention is not None) + int(layer.moe is None or plan.etp > 1)
+    msg = ops.tokens * layer.hidden * 2.0
+    one = collective_time("all_reduce", msg, size=plan.tp, link=ctx.links.tp, calib=ctx.calib)
+    f = _overlapped(n * one, fwd_gemm, overlap=plan.tp_comm_overlap, chunks=plan.tp, calib=ctx.calib)
+    b = _overlapped(n * one, bwd_gemm, overlap=plan.tp_comm_overlap, chunks=plan.tp, calib=ctx.calib)
+    return f, b
+
+
+def cp_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx, *, attn_fwd: float) -> tuple[float, float]:
+    """Exposed context-parallel time (forward, backward) of one layer.
+
+    Ring attention (Liu et al. 2023; Megatron CP): cp-1 steps each pass one K/V chunk to the next rank while
+    the current chunk's attention runs; backward passes K/V and their gradients (twice the bytes) against
+    2.5x the compute. All-to-all (Ulysses, Jacobs et al. 2023): q, k, v and the output cross the group, not
+    overlapped.
+    """
+    plan, att = ctx.plan, layer.attention
+    if plan.cp <= 1 or att is None:
+        return 0.0, 0.0
+    kv_heads = att.n_kv_heads if att.kind == "gqa" else att.n_heads
+    if plan.cp_kind == "a2a":
+        width = (att.n_heads * (att.qk_dim + att.v_dim) + kv_heads * att.qk_dim) / plan.tp
+        t = collective_time("all_to_all", ops.tokens * width * 2.0, size=plan.cp, link=ctx.links.cp,
+                            calib=ctx.calib)
+        return t, t
+    kv_bytes = ops.tokens * kv_heads * (att.qk_dim + att.v_dim) / plan.tp * 2.0
+    step_f = collective_time("send_recv", kv_bytes, size=2, link=ctx.links.cp, calib=ctx.calib)
+    step_b = collective_time("send_recv", 2 * kv_bytes, size=2, link=ctx.links.cp, calib=ctx.calib)
+    per_f = attn_fwd / plan.cp
+    exp_f = (plan.cp - 1) * max(step_f - ctx.calib.overlap_eff * per_f, 0.0)
+    exp_b = (plan.cp - 1) * max(step_b - ctx.calib.overlap_eff * 2.5 * per_f, 0.0)
+    return exp_f, exp_b
+
+
+def ep_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx) -> float:
+    """Expert all-to-all, forward + backward: dispatch and combine each way (GShard; Megatron alltoall
+    dispatcher), local buffer = routed token copies x hidden, padded to capacity when set. Returns one
+    direction (the backward moves the same bytes)."""
+    plan, moe = ctx.plan, layer.moe
+    if moe is None or plan.ep <= 1:
+        return 0.0
+    copies = ops.tokens / plan.tp * moe.top_k * (moe.capacity_factor or 1.0)
+    one = collective_time("all_to_all", copies * layer.hidden * 2.0, size=plan.ep, link=ctx.links.ep,
+                          calib=ctx.calib)
+    return 2 * one
+
+
+def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:
+    """Costs of one layer of ``block`` on one rank for one micro-batch."""
+    plan, layer = ctx.plan, block.layer
+    ops = layer_ops(layer, tokens=tokens_of(block, plan), plan=plan, seq=block.tokens or plan.seq_len)
+    f, bi, bw = layer_compute(ops, gpu=ctx.gpu, calib=ctx.calib, dtype=plan.precision)
+    fwd_gemm = sum(gemm_time(g, gpu=ctx.gpu, calib=ctx.calib, dtype=plan.precision) for g in ops.gemms)
+    attn_f = f - fwd_gemm - memory_time(ops.elementwise_bytes, gpu=ctx.gpu, calib=ctx.calib)
+    tp_f, tp_b = tp_comm(layer, ops, ctx, fwd_gemm=fwd_gemm, bwd_gemm=bi + bw - 2.5 * attn_f)
+    cp_f, cp_b = cp_comm(layer, ops, ctx, attn_fwd=attn_f)
+    mode = layer_recompute_mode(plan, index_on_rank)
+    # Full recompute replays the whole forward, its TP/CP traffic included; selective replays the attention
+    # core only (Korthikanti et al. 2022, sec. 5).
+    rec = f if mode == "full" else (attn_f if mode == "selective" else 0.0)
+    full = mode == "full"
+    per_tok = act_bytes_per_token(layer, plan, recompute=mode)
+    full_tok = act_bytes_per_token(layer, plan, recompute="none")
+    ep = ep_comm(layer, ops, ctx)
+    return LayerCost(fwd=f, bwd_input=bi + rec, bwd_weight=bw, recompute=rec, tp_f=tp_f,
+                     tp_b=tp_b + (tp_f if full else 0.0), cp_f=cp_f, cp_b=cp_b + (cp_f if full else 0.0),
+                     ep_f=ep, ep_b=ep + (ep if full else 0.0), act_bytes=per_tok * ops.tokens,
+                     full_act_bytes=full_tok * ops.tokens)
+
+
+def head_cost(model: ModelSpec, ctx: Ctx) -> tuple[float, float]:
+    """(forward, backward) seconds of the output head and cross-entropy on the last stage: the logits GEMM
+    (and its two backward GEMMs) plus fp32 softmax traffic over the vocabulary (read/write ~10 bytes per
+    logit each way)."""
+    plan = ctx.plan
+    tokens = max(plan.micro_batch * plan.seq_len // plan.cp, 1)
+    g = Gemm(name="logits", m=tokens, n=model.vocab // plan.tp, k=model.hidden)
+    dtype = "bf16" if plan.precision == "fp8" else plan.precision
+    t = gemm_time(g, gpu=ctx.gpu, calib=ctx.calib, dtype=dtype)
+    ce = memory_time(tokens * model.vocab / plan.tp * 10.0, gpu=ctx.gpu, calib=ctx.calib)
+    return t + ce, 2 * t + ce
+
+
+def stage_params(model: ModelSpec, layers: list[tuple[BlockSpec, int]], plan: Plan, *, first: bool,
+                 last: bool) -> tuple[float, float]:
+    """(dense, expert) parameters one rank of a virtual stage holds: layers sharded by tp (experts by
+    ep x etp), the embedding on the first stage and the output head on the last (vocab-parallel over tp)."""
+    dense = expert = 0.0
+    for block, _ in layers:
+        d, e = layer_params(block.layer)
+        dense += d / plan.tp
+        expert += e / (plan.ep * plan.etp)
+    emb = model.vocab * model.hidden / plan.tp
+    if first:
+        dense += emb
+    if last and (not model.tied_embeddings or not first):
+        dense += emb
+    return dense, expert
