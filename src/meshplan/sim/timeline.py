@@ -23,6 +23,12 @@ class Span(NamedTuple):
     """E.g. ``F s3 mb7 c1`` (kind, stage, micro-batch, local chunk)."""
     start: float
     end: float
+    kind: str = ""
+    """``F``, ``I``, ``W``, ``B``, ``SEND_F``, ``SEND_B`` or ``DP``."""
+    stage: int = -1
+    """Stage of the action (-1 for the dp tail)."""
+    microbatch: int = -1
+    """Micro-batch of the action (-1 for the dp tail)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,13 +74,14 @@ class Timeline:
         for step, a in enumerate(flat):
             i = g.offsets[rank] + step
             name = a.label(chunk[a.stage])
-            out.append(Span(rank, "compute", name, self.start[i], self.end[i]))
+            out.append(Span(rank, "compute", name, self.start[i], self.end[i], a.kind, a.stage, a.microbatch))
             if self.send_start[i] >= 0.0:
-                out.append(Span(rank, f"send->r{g.dst[i]}", "SEND_" + ("F" if a.kind == "F" else "B") + name[1:],
-                                self.send_start[i], self.send_end[i]))
+                kind = "SEND_F" if a.kind == "F" else "SEND_B"
+                out.append(Span(rank, f"send->r{g.dst[i]}", kind + name[1:], self.send_start[i], self.send_end[i],
+                                kind, a.stage, a.microbatch))
         lo, hi = self.dp[rank]
         if hi > lo:
-            out.append(Span(rank, "dp", "dp grad reduce", lo, hi))
+            out.append(Span(rank, "dp", "DP grad reduce", lo, hi, "DP"))
         return out
 
 
