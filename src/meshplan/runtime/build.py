@@ -107,7 +107,8 @@ def build_trainer(cfg: RunConfig, spec: ModelSpec, meshes: Meshes, device: torch
         ignored = set(_shard_experts(part, ep_mesh)) if ep_mesh is not None else set()
         if plan.cp > 1:
             install_ring_attention(part, meshes.axis("cp").get_group())
-            part.positions = positions
+        # Later pipeline stages see sequence-parallel shards, so positions cannot come from the input's length.
+        part.positions = positions
         parts.append(parallelize(part, meshes, ignored=ignored))
     optimizers = tuple(torch.optim.AdamW(p.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
                                          foreach=False) for p in parts)
