@@ -89,9 +89,8 @@ def _missing(sched: Schedule, pos: list[int]) -> ScheduleError | None:
             if not f:
                 want = Action(FORWARD, s, mb)
             elif b and (i or w):
-                want = Action(FULL_BACKWARD, s, mb)
                 return ScheduleError(f"{s}B{mb} and {s}{'I' if i else 'W'}{mb} both present; a backward is either B "
-                                     "or I + W", rank=sched.placement[s], action=str(want), source=sched.name)
+                                     "or I + W", rank=sched.placement[s], action=f"{s}B{mb}", source=sched.name)
             elif not b and not i:
                 want = Action(FULL_BACKWARD, s, mb)
             elif i != w:
