@@ -44,6 +44,7 @@ def schedule_registry() -> dict[str, ScheduleKind]:
         "interleaved_1f1b": ScheduleKind(cls=ScheduleInterleaved1F1B, style="loop"),
         "looped_bfs": ScheduleKind(cls=ScheduleLoopedBFS, style="loop"),
         "interleaved_zb": ScheduleKind(cls=ScheduleInterleavedZeroBubble, style="loop"),
+        "zb_h1": ScheduleKind(cls=ScheduleInterleavedZeroBubble, style="loop"),  # the simulator's name
         "zbv": ScheduleKind(cls=ScheduleZBVZeroBubble, style="v"),
         "dualpipev": ScheduleKind(cls=ScheduleDualPipeV, style="v"),
     }
