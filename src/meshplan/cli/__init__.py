@@ -27,23 +27,20 @@ def build_app() -> typer.Typer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point; returns the exit status."""
-    import click
-
+    """Console entry point; returns the exit status. Usage errors are the CLI framework's (exit 2, with
+    usage); MeshplanError prints one line and exits 2."""
     from meshplan.errors import MeshplanError
 
     app = build_app()
     try:
-        app(args=argv, prog_name="meshplan", standalone_mode=False)
+        app(args=argv, prog_name="meshplan", standalone_mode=True)
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
     except MeshplanError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Abort:
+    except KeyboardInterrupt:
         print("aborted", file=sys.stderr)
         return 130
     return 0

@@ -13,7 +13,7 @@ from meshplan.cost.comm import collective_time, plan_links
 from meshplan.cost.dp import DPCost, dp_cost, optimizer_time
 from meshplan.cost.memory import bytes_per_param, layer_recompute_mode, logits_bytes, reserved_bytes
 from meshplan.cost.ops import layer_ops
-from meshplan.cost.pipeline import closed_form, inflight_microbatches
+from meshplan.cost.pipeline import closed_form, inflight_microbatches, stage_rank
 from meshplan.cost.result import Estimate, MemoryBreakdown, StageTimes, TimeBreakdown
 from meshplan.cost.stage import Ctx, LayerCost, head_cost, layer_cost, stage_params, tokens_of
 from meshplan.spec.checks import check_plan, layer_split
@@ -42,6 +42,17 @@ class RankCost:
     """Optimizer step (s, once per step)."""
     memory: MemoryBreakdown
     """Peak memory."""
+
+
+def rank_of(plan: Plan, stage: int) -> int:
+    """Pipeline rank holding a virtual stage under the plan's schedule (looped, or V-shaped for zbv and
+    dualpipev)."""
+    return stage_rank(plan.schedule_name, stage=stage, pp=plan.pp)
+
+
+def stages_of(plan: Plan, rank: int) -> list[int]:
+    """Virtual stages held by a pipeline rank, in pipeline order."""
+    return [v for v in range(plan.n_stages) if rank_of(plan, v) == rank]
 
 
 def stage_layers(model: ModelSpec, plan: Plan) -> list[list[tuple[BlockSpec, int]]]:
@@ -76,7 +87,7 @@ def _per_layer(model: ModelSpec, plan: Plan, stages: list, ctxs: list[Ctx]) -> l
     seen = [0] * plan.pp
     cache: dict[tuple, LayerCost] = {}
     for v, layers in enumerate(stages):
-        r = v % plan.pp
+        r = rank_of(plan, v)
         row = []
         for block, _ in layers:
             key = (id(block), id(ctxs[r]), layer_recompute_mode(plan, seen[r]))
@@ -96,13 +107,13 @@ def _stage_times(model: ModelSpec, plan: Plan, costs: list[list[LayerCost]], ctx
         f = sum(c.fwd + c.tp_f + c.cp_f + c.ep_f for c in row)
         b = sum(c.bwd_input + c.tp_b + c.cp_b + c.ep_b for c in row)
         if v == n - 1:
-            hf, hb = head_cost(model, ctxs[v % plan.pp])
+            hf, hb = head_cost(model, ctxs[rank_of(plan, v)])
             f, b = f + hf, b + hb
         fwd.append(f)
         bi.append(b)
         bw.append(sum(c.bwd_weight for c in row))
         act.append(sum(c.act_bytes for c in row))
-        ctx = ctxs[v % plan.pp]
+        ctx = ctxs[rank_of(plan, v)]
         block = stages[v][-1][0] if stages[v] else model.blocks[-1]
         h_div = plan.tp if plan.sp else 1
         nbytes = tokens_of(block, plan) * block.layer.hidden * 2.0 / h_div
@@ -132,7 +143,7 @@ def _rank_memory(plan: Plan, *, dense: float, expert: float, act: float, extra_a
 def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCost]], times: StageTimes,
                stages: list, ctx: Ctx) -> RankCost:
     """Aggregate the chunks of pipeline rank ``r``."""
-    idx = list(range(r, plan.n_stages, plan.pp))
+    idx = stages_of(plan, r)
     rows = [c for v in idx for c in costs[v]]
     layers = [lay for v in idx for lay in stages[v]]
     first, last = 0 in idx, plan.n_stages - 1 in idx
@@ -200,7 +211,7 @@ def _with_fsdp(times: StageTimes, ranks: list[RankCost], plan: Plan) -> StageTim
     compute) and record the once-per-step DP tail of each rank."""
     fwd, bi = list(times.fwd), list(times.bwd_input)
     for r, rc in enumerate(ranks):
-        idx = list(range(r, plan.n_stages, plan.pp))
+        idx = stages_of(plan, r)
         tot_f = sum(times.fwd[v] for v in idx) or 1.0
         tot_b = sum(times.bwd_input[v] for v in idx) or 1.0
         for v in idx:
@@ -217,7 +228,7 @@ def _dp_exposed(times: StageTimes, plan: Plan) -> float:
     worst, slack = 0.0, 0.0
     for r, tail in enumerate(times.dp_tail):
         worst = max(worst, tail - slack)
-        idx = range(r, plan.n_stages, plan.pp)
+        idx = stages_of(plan, r)
         slack += sum(times.bwd_input[v] + times.bwd_weight[v] for v in idx) / max(plan.vpp, 1)
     return max(worst, 0.0)
 
@@ -229,7 +240,7 @@ def _assemble(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, times: Stag
     pipe = fn(plan.schedule_name, times, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
     m = plan.n_micro
     busiest = max(range(plan.pp), key=lambda r: sum(times.fwd[v] + times.bwd_input[v] + times.bwd_weight[v]
-                                                   for v in range(r, plan.n_stages, plan.pp)))
+                                                   for v in stages_of(plan, r)))
     rc = ranks[busiest]
     dp_step = _dp_exposed(times, plan)
     fsdp = (rc.dp.per_micro_fwd + rc.dp.per_micro_bwd) * m

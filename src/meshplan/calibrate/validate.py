@@ -1,0 +1,75 @@
+"""Hold predictions against published runs: per-row signed error, MAPE, median and max absolute error."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshplan.calibrate.runs import load_runs
+from meshplan.cost.estimate import estimate
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowResult:
+    """One run's prediction."""
+
+    id: str
+    """Row id."""
+    measured_s: float
+    """Published step time (s)."""
+    predicted_s: float
+    """meshplan's step time (s)."""
+    peak_memory_gib: float
+    """Predicted peak memory per GPU (GiB)."""
+
+    @property
+    def error_pct(self) -> float:
+        """Signed error, positive = predicted slower than measured (%)."""
+        return 100.0 * (self.predicted_s - self.measured_s) / self.measured_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationReport:
+    """All rows, their summary statistics, and the rows that could not be expressed."""
+
+    rows: tuple[RowResult, ...]
+    """Predicted rows."""
+    skipped: tuple[tuple[str, str], ...]
+    """(id, reason) of rows that could not be expressed."""
+
+    def _ape(self) -> list[float]:
+        return [abs(r.error_pct) for r in self.rows]
+
+    @property
+    def mape(self) -> float:
+        """Mean absolute percentage error (%)."""
+        return statistics.fmean(self._ape()) if self.rows else 0.0
+
+    @property
+    def median_ape(self) -> float:
+        """Median absolute percentage error (%)."""
+        return statistics.median(self._ape()) if self.rows else 0.0
+
+    @property
+    def max_ape(self) -> float:
+        """Largest absolute percentage error (%)."""
+        return max(self._ape(), default=0.0)
+
+    def as_dict(self) -> dict:
+        """The JSON shape of ``meshplan validate --json``."""
+        return {"rows": [{"id": r.id, "measured_s": r.measured_s, "predicted_s": r.predicted_s,
+                          "error_pct": r.error_pct} for r in self.rows],
+                "n": len(self.rows), "mape_pct": self.mape, "median_ape_pct": self.median_ape,
+                "max_ape_pct": self.max_ape, "skipped": [{"id": i, "reason": why} for i, why in self.skipped]}
+
+
+def validate_csv(path: str | Path, *, calib: dict | None = None) -> ValidationReport:
+    """Predict every expressible row of a runs CSV."""
+    runs, skipped = load_runs(path)
+    rows = []
+    for r in runs:
+        est = estimate(r.model, r.cluster, r.plan, calib=calib)
+        rows.append(RowResult(id=r.id, measured_s=r.measured_s, predicted_s=est.step_time,
+                              peak_memory_gib=est.peak_memory / 2**30))
+    return ValidationReport(rows=tuple(rows), skipped=tuple(skipped))

@@ -1,0 +1,159 @@
+"""``meshplan estimate``: step time, tokens/s, MFU and per-GPU memory of one plan, with breakdowns."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from meshplan.cli.common import gib, print_json, resolve_cluster, resolve_model
+from meshplan.errors import SpecError
+from meshplan.spec.io import read_plan_file
+from meshplan.spec.plan import Plan
+
+# Flag name -> Plan field, named like the validation CSV's columns.
+PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "micro_batch", "global_batch", "seq_len", "recompute",
+              "sp", "precision", "schedule", "etp", "dp_shard", "cp_kind", "recompute_layers", "tp_comm_overlap")
+
+
+def build_plan(base: Plan | None, flags: dict, n_gpus: int) -> Plan:
+    """A plan from a plan file and/or flags (flags win); dp defaults to what the GPU count leaves."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    if base is not None:
+        fields = base.to_dict()
+        fields.update(given)
+    else:
+        fields = dict(given)
+        for need in ("global_batch", "seq_len"):
+            if need not in fields:
+                raise SpecError(f"--{need.replace('_', '-')}", None, "is required without --plan")
+    if "layer_split" in fields and isinstance(fields["layer_split"], list):
+        fields["layer_split"] = tuple(fields["layer_split"])
+    if "dp" not in fields:
+        rest = fields.get("tp", 1) * fields.get("pp", 1) * fields.get("cp", 1)
+        if n_gpus % rest:
+            raise SpecError("--dp", None, f"cannot be derived: tp*pp*cp={rest} does not divide {n_gpus} GPUs")
+        fields["dp"] = n_gpus // rest
+    return Plan(**fields)
+
+
+def sim_pipeline(schedule_obj=None):
+    """A pipeline-time function backed by the event simulator (custom schedules, uneven stages)."""
+    from meshplan.cost.pipeline import PipelineTime
+    from meshplan.sim import simulate
+
+    def run(name, times, *, pp, vpp, n_micro):
+        tl = simulate(schedule_obj or name, times, pp=pp, vpp=vpp, n_micro=n_micro)
+        busy = max(tl.busy)
+        return PipelineTime(step=tl.pipeline_time, busy=busy, bubble=tl.pipeline_time - busy, p2p=0.0)
+
+    return run
+
+
+def render(est, model, cluster, plan) -> str:
+    """Readable tables of the estimate."""
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    buf = StringIO()
+    con = Console(file=buf, width=100, force_terminal=False)
+    head = Table(title=f"{model.name} on {cluster.describe()}", show_header=False)
+    layout = (f"tp={plan.tp}{'+sp' if plan.sp else ''} cp={plan.cp} pp={plan.pp}"
+              f"{f' vpp={plan.vpp}' if plan.vpp > 1 else ''} dp={plan.dp} zero={plan.zero} ep={plan.ep} "
+              f"mb={plan.micro_batch} gbs={plan.global_batch} seq={plan.seq_len} recompute={plan.recompute} "
+              f"{plan.precision} schedule={plan.schedule_name if plan.pp > 1 else '-'}")
+    for k, v in (("layout", layout), ("step time", f"{est.step_time:.3f} s"),
+                 ("tokens/s", f"{est.tokens_per_s:,.0f}"), ("MFU", f"{100 * est.mfu:.1f} %"),
+                 ("peak memory / GPU", f"{gib(est.peak_memory)} GiB of {gib(est.capacity)} GiB"
+                  f"{'' if est.fits else '  (DOES NOT FIT)'}"), ("pipeline", est.pipeline_source)):
+        head.add_row(k, v)
+    con.print(head)
+    t = Table(title="time per step", show_header=True)
+    t.add_column("component")
+    t.add_column("s", justify="right")
+    t.add_column("%", justify="right")
+    for k, v in est.time.as_dict().items():
+        if v > 0:
+            t.add_row(k.replace("_", " ") + (" (inside compute)" if k == "recompute" else ""), f"{v:.3f}",
+                      f"{100 * v / est.step_time:.1f}")
+    con.print(t)
+    m = Table(title="memory of the fullest GPU", show_header=True)
+    m.add_column("component")
+    m.add_column("GiB", justify="right")
+    for k, v in est.memory.as_dict().items():
+        m.add_row(k, gib(v))
+    m.add_row("total", gib(est.peak_memory))
+    con.print(m)
+    return buf.getvalue()
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``estimate`` command."""
+
+    @app.command()
+    def estimate(
+        model: Optional[str] = typer.Option(None, "--model", help="Catalog name, model TOML or HF config.json."),
+        gpus: Optional[str] = typer.Option(None, "--gpus", help="e.g. 1024xa100-80gb or 32xa100-80gb+32xh100-sxm."),
+        cluster: Optional[str] = typer.Option(None, "--cluster", help="Cluster TOML file."),
+        plan: Optional[str] = typer.Option(None, "--plan", help="Plan TOML file (flags override it)."),
+        tp: Optional[int] = typer.Option(None), pp: Optional[int] = typer.Option(None),
+        dp: Optional[int] = typer.Option(None), cp: Optional[int] = typer.Option(None),
+        ep: Optional[int] = typer.Option(None), vpp: Optional[int] = typer.Option(None),
+        zero: Optional[int] = typer.Option(None), etp: Optional[int] = typer.Option(None),
+        dp_shard: Optional[int] = typer.Option(None, "--dp-shard", help="HSDP shard group size."),
+        micro_batch: Optional[int] = typer.Option(None, "--micro-batch"),
+        global_batch: Optional[int] = typer.Option(None, "--global-batch"),
+        seq_len: Optional[int] = typer.Option(None, "--seq-len"),
+        recompute: Optional[str] = typer.Option(None, help="none | selective | full"),
+        recompute_layers: Optional[int] = typer.Option(None, "--recompute-layers"),
+        sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism."),
+        precision: Optional[str] = typer.Option(None, help="bf16 | fp16 | fp32 | fp8"),
+        cp_kind: Optional[str] = typer.Option(None, "--cp-kind", help="ring | a2a"),
+        tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap"),
+        schedule: Optional[str] = typer.Option(None, help="Pipeline schedule from the registry."),
+        schedule_file: Optional[str] = typer.Option(None, "--schedule-file", help="Custom schedule CSV."),
+        simulate: bool = typer.Option(False, "--simulate", help="Use the event simulator for the pipeline."),
+        trace: Optional[str] = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace JSON."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """Predict step time and per-GPU memory of one plan."""
+        from meshplan.cost.estimate import estimate as run_estimate
+
+        base, refs = read_plan_file(plan) if plan else (None, {})
+        mdl = resolve_model(model, refs.get("model"))
+        clu = resolve_cluster(gpus, cluster, refs.get("gpus") or refs.get("cluster"))
+        local = locals()
+        the_plan = build_plan(base, {k: local[k] for k in PLAN_FLAGS}, clu.n_gpus)
+        sched_obj = _load_schedule(schedule_file, the_plan) if schedule_file else None
+        from meshplan.cost.pipeline import EXACT_ON_UNIFORM
+
+        # The closed forms are exact only for the looped schedules on even stages; anything else is simulated.
+        use_sim = (simulate or sched_obj is not None or trace is not None or bool(the_plan.layer_split)
+                   or (the_plan.pp > 1 and the_plan.schedule_name not in EXACT_ON_UNIFORM))
+        est = run_estimate(mdl, clu, the_plan, pipeline=sim_pipeline(sched_obj) if use_sim else None)
+        if trace:
+            _write_trace(trace, est, the_plan, sched_obj)
+        if as_json:
+            print_json({"model": mdl.name, "gpus": clu.describe(), "plan": the_plan.to_dict(), **est.as_dict()})
+        else:
+            typer.echo(render(est, mdl, clu, the_plan))
+
+
+def _load_schedule(path: str, plan: Plan):
+    """A custom schedule CSV, checked against the plan's pipeline degree."""
+    from meshplan.sim import load_schedule_csv
+
+    sched = load_schedule_csv(path)
+    if getattr(sched, "pp", plan.pp) != plan.pp:
+        raise SpecError("--schedule-file", path, f"is written for pp={sched.pp}, the plan has pp={plan.pp}")
+    return sched
+
+
+def _write_trace(path: str, est, plan: Plan, sched_obj) -> None:
+    from meshplan.sim import simulate, write_chrome_trace
+
+    tl = simulate(sched_obj or plan.schedule_name, est.stage_times, pp=plan.pp, vpp=plan.vpp,
+                  n_micro=plan.n_micro)
+    write_chrome_trace(tl, path)

@@ -1,0 +1,99 @@
+"""Cost formulas against hand computations from their papers."""
+
+import dataclasses
+
+import pytest
+
+from meshplan import catalog
+from meshplan.cost.calib import Calibration
+from meshplan.cost.comm import collective_time
+from meshplan.cost.estimate import estimate, model_flops
+from meshplan.cost.memory import act_bytes_per_token, bytes_per_param, layer_params, model_params
+from meshplan.spec.cluster import GroupLink, Pool, group_link
+from meshplan.spec.plan import Plan
+
+
+def non_causal(model):
+    blocks = tuple(dataclasses.replace(b, layer=dataclasses.replace(
+        b.layer, attention=dataclasses.replace(b.layer.attention, causal=False))) for b in model.blocks)
+    return dataclasses.replace(model, blocks=blocks)
+
+
+def test_model_flops_match_narayanan_eq3_without_recompute():
+    # Narayanan et al. 2021 eq. 3 without the recompute forward: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)).
+    m = non_causal(catalog.model("gpt3-175b"))
+    B, s, l, h, V = 1536, 2048, 96, 12288, 51200
+    expected = 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
+    got = model_flops(m, Plan(global_batch=B, seq_len=s))
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_causal_attention_halves_the_score_flops():
+    m = catalog.model("gpt3-175b")
+    full = model_flops(non_causal(m), Plan(global_batch=1, seq_len=2048))
+    causal = model_flops(m, Plan(global_batch=1, seq_len=2048))
+    # The s^2 term is 12 s^2 l h per sequence; causal masking removes half of it.
+    assert full - causal == pytest.approx(0.5 * 12 * 2048**2 * 96 * 12288, rel=1e-12)
+
+
+def test_gpt3_parameter_count():
+    # 12 l h^2 (plus biases/norms) + V h (tied) = 174.6B for GPT-3 175B (Narayanan Table 1 names it 174.6B).
+    p = model_params(catalog.model("gpt3-175b"))
+    assert p == pytest.approx(174.6e9, rel=0.002)
+
+
+def test_llama3_8b_parameter_count():
+    assert model_params(catalog.model("llama3-8b")) == pytest.approx(8.03e9, rel=0.005)
+
+
+def test_zero_paper_bytes_per_parameter():
+    # Rajbhandari et al. 2020 sec. 3.1: fp16 weights 2 + fp16 grads 2 + fp32 master/momentum/variance 12.
+    assert bytes_per_param(Plan(global_batch=1, seq_len=1, precision="fp16")) == (2.0, 2.0, 12.0)
+
+
+def test_korthikanti_activations_with_sequence_parallel():
+    # Korthikanti et al. 2022 Table 2, tp + sp, flash attention, no dropout: (34 - 2) s b h / t bytes per layer,
+    # the 2 sbh of dropout masks absent; plus flash-attention's fp32 log-sum-exp (4 bytes x heads / t).
+    layer = catalog.model("gpt3-175b").decoder
+    t, h, a = 8, 12288, 96
+    plan = Plan(global_batch=1, seq_len=2048, tp=t, sp=True)
+    assert act_bytes_per_token(layer, plan, recompute="none") == pytest.approx((32 * h + 4 * a) / t)
+    # Full recompute keeps only the layer input: 2 s b h / t.
+    assert act_bytes_per_token(layer, plan, recompute="full") == pytest.approx(2 * h / t)
+
+
+def test_ring_all_reduce_bus_factor():
+    link = GroupLink(bandwidth=100e9, latency=0.0, level="nvlink")
+    calib = Calibration(intra_eff=1.0)
+    for n in (2, 4, 8):
+        t = collective_time("all_reduce", 1e9, size=n, link=link, calib=calib)
+        assert t == pytest.approx(2 * (n - 1) / n * 1e9 / 100e9)
+        assert collective_time("all_gather", 1e9, size=n, link=link, calib=calib) == pytest.approx(t / 2)
+
+
+def test_group_link_uses_nic_rails_across_nodes():
+    gpu = catalog.gpu("h100-sxm")
+    pool = Pool(gpu=gpu, n_gpus=64, gpus_per_node=8)
+    inside = group_link(pool, size=8, stride=1)
+    assert inside.bandwidth == gpu.intra_bandwidth
+    across_one_rail = group_link(pool, size=8, stride=8)  # one member per node
+    assert across_one_rail.bandwidth == gpu.nic_bandwidth
+    across_two = group_link(pool, size=16, stride=4)  # two members per node drive two rails
+    assert across_two.bandwidth == 2 * gpu.nic_bandwidth
+
+
+def test_layer_params_gqa_swiglu():
+    layer = catalog.model("llama3-8b").decoder
+    dense, expert = layer_params(layer)
+    h, f, kv = 4096, 14336, 8 * 128
+    assert expert == 0
+    assert dense == 2 * h * h + 2 * h * kv + 3 * h * f + 4 * h
+
+
+def test_estimate_breakdown_sums_to_step_time():
+    m, c = catalog.model("llama3-70b"), catalog.cluster("64xh100-sxm")
+    p = Plan(global_batch=128, seq_len=8192, tp=4, sp=True, pp=4, vpp=5, cp=2, dp=2, zero=1, precision="fp8")
+    e = estimate(m, c, p)
+    assert e.time.total() == pytest.approx(e.step_time)
+    assert e.tokens_per_s == pytest.approx(128 * 8192 / e.step_time)
+    assert e.memory.total() == max(s.total() for s in e.memory_per_stage)

@@ -1,0 +1,33 @@
+"""meshplan validate against the visible published runs: the bounds of the core issue."""
+
+from meshplan.calibrate.validate import validate_csv
+
+# Rows whose error exceeds 30 % and why; each is a known limitation of the model, reported, not hidden.
+KNOWN_MISSES = {
+    "narayanan21-t2-174p6b-zero3-768g": "DeepSpeed ZeRO-3 (2021) gathers per parameter at 768 GPUs; the model "
+                                        "assumes NCCL rail-aligned, per-layer gathers",
+    "narayanan21-t2-174p6b-zero3-1536g": "same as the 768-GPU ZeRO-3 row",
+    "narayanan21-t2-529p6b-zero3-640g": "same as the 768-GPU ZeRO-3 row",
+    "mbridge2511-deepseek-v3-b200-256g": "MoE grouped GEMMs in MXFP8 on B200 run far below dense-GEMM efficiency",
+}
+
+
+def test_every_row_is_predicted_or_skipped_with_a_reason(runs_csv):
+    report = validate_csv(runs_csv)
+    assert len(report.rows) + len(report.skipped) == 94
+    assert all(reason for _, reason in report.skipped)
+    assert not report.skipped
+
+
+def test_accuracy_bounds(runs_csv):
+    report = validate_csv(runs_csv)
+    assert report.mape <= 10.0, f"MAPE {report.mape:.1f} %"
+    assert report.median_ape <= 7.0, f"median {report.median_ape:.1f} %"
+    worst = {r.id: r.error_pct for r in report.rows if abs(r.error_pct) > 30.0}
+    assert set(worst) <= set(KNOWN_MISSES), f"new rows worse than 30 %: {set(worst) - set(KNOWN_MISSES)}"
+
+
+def test_json_shape(runs_csv):
+    d = validate_csv(runs_csv).as_dict()
+    assert set(d) == {"rows", "n", "mape_pct", "median_ape_pct", "max_ape_pct", "skipped"}
+    assert set(d["rows"][0]) == {"id", "measured_s", "predicted_s", "error_pct"}
