@@ -55,13 +55,19 @@ def render_python(model: ModelSpec, plan: Plan, *, gpus: str = "") -> ExportResu
         lines.append("from torchtitan.components.quantization import Float8LinearConverter")
     lines += ["", "", "def meshplan_config():", f'    """{model.name} on {plan.n_gpus} GPUs."""',
               f"    config = {tm.config_fn}()"]
+    flavor = titan_flavor_of(tm.config_fn)
+    if flavor != tm.flavor:
+        # an unregistered flavor would fail at load time; the base model stays until the user registers it
+        lines.append(f"    # register flavor {tm.flavor!r} in torchtitan.models.{tm.name}, then use it below")
     if fp8:
-        lines += [f"    config.model_spec = model_registry({tm.flavor!r}, converters=[",
+        lines += [f"    config.model_spec = model_registry({flavor!r}, converters=[",
                   f"        Float8LinearConverter.Config(filter_fqns=['lm_head'], "
                   f"model_compile_enabled={compile_on}),", "    ])"]
-    elif tm.flavor != titan_flavor_of(tm.config_fn):
-        lines.append(f"    config.model_spec = model_registry({tm.flavor!r})")
-    lines += ["    config.training = TrainingConfig(", _kwargs(doc["training"], " " * 8).rstrip("\n"), "    )",
+    training = dict(doc["training"])
+    if plan.pp > 1 or plan.ep > 1:
+        # torchtitan >= 0.3 captures CUDA graphs by default, which it refuses with pp (and most ep backends)
+        training["disable_cuda_graphs"] = True
+    lines += ["    config.training = TrainingConfig(", _kwargs(training, " " * 8).rstrip("\n"), "    )",
               "    config.parallelism = ParallelismConfig(", _kwargs(par, " " * 8).rstrip("\n"), "    )",
               f"    config.activation_checkpoint = {_AC_CLASSES[ac]}",
               f"    config.compile = CompileConfig(enable={compile_on}{_extra(compile_extra)})",

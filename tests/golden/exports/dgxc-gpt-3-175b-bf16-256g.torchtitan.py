@@ -16,12 +16,13 @@ from torchtitan.models.llama3.config_registry import llama3_8b
 def meshplan_config():
     """gpt3-175b on 256 GPUs."""
     config = llama3_8b()
-    config.model_spec = model_registry('gpt3-175b')
+    # register flavor 'gpt3-175b' in torchtitan.models.llama3, then use it below
     config.training = TrainingConfig(
         local_batch_size=64,
         global_batch_size=512,
         seq_len=2048,
         mixed_precision_param='bfloat16',
+        disable_cuda_graphs=True,
     )
     config.parallelism = ParallelismConfig(
         data_parallel_replicate_degree=1,

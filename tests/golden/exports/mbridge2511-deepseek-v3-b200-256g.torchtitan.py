@@ -24,6 +24,7 @@ def meshplan_config():
         global_batch_size=2048,
         seq_len=4096,
         mixed_precision_param='bfloat16',
+        disable_cuda_graphs=True,
     )
     config.parallelism = ParallelismConfig(
         data_parallel_replicate_degree=1,

@@ -23,6 +23,7 @@ def meshplan_config():
         global_batch_size=256,
         seq_len=8192,
         mixed_precision_param='bfloat16',
+        disable_cuda_graphs=True,
     )
     config.parallelism = ParallelismConfig(
         data_parallel_replicate_degree=1,
