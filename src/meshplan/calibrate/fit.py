@@ -16,7 +16,8 @@ from meshplan.cost.calib import Calibration
 from meshplan.cost.estimate import estimate
 
 FIT_FIELDS = ("gemm_eff", "fp8_eff", "attn_eff")
-BOUNDS = {"gemm_eff": (0.2, 0.95), "fp8_eff": (0.15, 0.95), "attn_eff": (0.1, 0.9)}
+BOUNDS = {"gemm_eff": (0.2, 0.95), "fp8_eff": (0.15, 0.95), "attn_eff": (0.1, 0.9), "moe_eff": (0.2, 1.0)}
+SHARED_FIELDS = ("moe_eff",)
 # The one part whose peak is not documented (a 500 W power-capped H100 with HBM2e; the dataset README gives
 # only a range), so it gets its own section instead of sharing Hopper's.
 PART_SECTIONS = ("h100-hbm2e-96gb",)
@@ -55,13 +56,14 @@ def _golden(f, lo: float, hi: float, iters: int = 14) -> float:
     return math.exp((a + b) / 2)
 
 
-def fit_section(runs: list[Run], name: str, table: dict, *, prior: float, rounds: int = 2) -> dict[str, float]:
-    """Fit FIT_FIELDS of one section; fields a section's runs cannot inform (fp8 without fp8 runs) stay."""
+def fit_section(runs: list[Run], name: str, table: dict, *, prior: float, rounds: int = 2,
+                fit_fields: tuple[str, ...] = FIT_FIELDS) -> dict[str, float]:
+    """Fit ``fit_fields`` of one section; fields a section's runs cannot inform (fp8 without fp8 runs) stay."""
     defaults = Calibration()
     values = dict(table.get(name, {}))
     has_fp8 = any(r.plan.precision == "fp8" for r in runs)
     for _ in range(rounds):
-        for fld in FIT_FIELDS:
+        for fld in fit_fields:
             if fld == "fp8_eff" and not has_fp8:
                 continue
             base = getattr(defaults, fld)
@@ -80,9 +82,14 @@ def fit(runs: list[Run], *, prior: float = 0.02) -> dict[str, dict[str, float]]:
     for r in runs:
         sections.setdefault(section_of(r), []).append(r)
     table: dict[str, dict[str, float]] = {}
-    for name in sorted(sections):
-        table[name] = fit_section(sections[name], name, table, prior=prior)
-    return table
+    moe_runs = [r for r in runs if r.model.is_moe]
+    for _ in range(2):
+        for name in sorted(sections):
+            table[name] = fit_section(sections[name], name, table, prior=prior)
+        if moe_runs:
+            # One constant for all generations, informed by the MoE runs only (too few to split).
+            table["default"] = fit_section(moe_runs, "default", table, prior=prior, fit_fields=SHARED_FIELDS)
+    return dict(sorted(table.items()))
 
 
 def write_table(table: dict[str, dict[str, float]], path: str | Path, *, source: str) -> None:

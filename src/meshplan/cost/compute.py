@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from meshplan.cost.calib import Calibration
 from meshplan.cost.ops import Gemm, LayerOps
 from meshplan.spec.hardware import GPUSpec
@@ -24,10 +26,17 @@ def gemm_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float
     use = "fp8" if (dtype == "fp8" and g.linear) else ("bf16" if dtype == "fp8" else dtype)
     peak = gpu.peak_flops(use)
     eff = (calib.fp8_eff if use == "fp8" else calib.gemm_eff) * shape_eff(g.m, g.n, g.k, calib)
+    if g.grouped:
+        eff *= calib.moe_eff
     t_compute = g.flops / (peak * eff)
     b = DTYPE_BYTES[use]
     t_memory = g.count * b * (g.m * g.k + g.k * g.n + g.m * g.n) / (gpu.hbm_bandwidth * calib.mem_eff)
-    return max(t_compute, t_memory, g.count * calib.launch_s)
+    t = max(t_compute, t_memory, g.count * calib.launch_s)
+    if use == "fp8":
+        # Each fp8 GEMM first casts its 16-bit left operand to fp8 (read 2 bytes, write 1; Transformer
+        # Engine's cast/transpose kernels, or torchao's dynamic scaling), a memory-bound pass.
+        t += g.count * 3.0 * g.m * g.k / (gpu.hbm_bandwidth * calib.mem_eff)
+    return t
 
 
 def attention_time(flops: float, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float:
@@ -54,10 +63,8 @@ def layer_compute(ops: LayerOps, *, gpu: GPUSpec, calib: Calibration, dtype: str
     fwd = bi = bw = 0.0
     for g in ops.gemms:
         fwd += gemm_time(g, gpu=gpu, calib=calib, dtype=dtype)
-        bi += gemm_time(Gemm(name=g.name, m=g.m, n=g.k, k=g.n, count=g.count, linear=g.linear),
-                        gpu=gpu, calib=calib, dtype=dtype)
-        bw += gemm_time(Gemm(name=g.name, m=g.k, n=g.n, k=g.m, count=g.count, linear=g.linear),
-                        gpu=gpu, calib=calib, dtype=dtype)
+        bi += gemm_time(replace(g, n=g.k, k=g.n), gpu=gpu, calib=calib, dtype=dtype)
+        bw += gemm_time(replace(g, m=g.k, k=g.m), gpu=gpu, calib=calib, dtype=dtype)
     att = attention_time(ops.attn_flops, gpu=gpu, calib=calib, dtype=dtype)
     ew = memory_time(ops.elementwise_bytes, gpu=gpu, calib=calib)
     return fwd + att + ew, bi + 2.5 * att + 2 * ew, bw

@@ -29,6 +29,8 @@ class Gemm:
     """Identical GEMMs run back to back (grouped experts)."""
     linear: bool = True
     """A weight GEMM (runs in fp8 under fp8 precision); False for activation-activation products."""
+    grouped: bool = False
+    """A routed-expert GEMM (grouped GEMM after token permutation)."""
 
     @property
     def flops(self) -> float:
@@ -98,8 +100,8 @@ def moe_gemms(layer: LayerSpec, *, tokens: int, plan: Plan) -> list[Gemm]:
     up = 2 * f if layer.gated else f
     m = max(int(round(per_expert)), 1)
     gemms = [Gemm(name="router", m=tokens, n=moe.n_experts, k=layer.hidden),
-             Gemm(name="expert_fc1", m=m, n=up, k=layer.hidden, count=local_experts),
-             Gemm(name="expert_fc2", m=m, n=layer.hidden, k=f, count=local_experts)]
+             Gemm(name="expert_fc1", m=m, n=up, k=layer.hidden, count=local_experts, grouped=True),
+             Gemm(name="expert_fc2", m=m, n=layer.hidden, k=f, count=local_experts, grouped=True)]
     if moe.n_shared_experts:
         fs = moe.shared_width * moe.n_shared_experts // plan.tp
         gemms += [Gemm(name="shared_fc1", m=tokens, n=2 * fs if layer.gated else fs, k=layer.hidden),
