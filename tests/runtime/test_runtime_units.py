@@ -1,0 +1,77 @@
+"""Pure pieces of the runtime, without process groups: mesh layout, data, stage placement, seeded weights."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from meshplan import catalog  # noqa: E402
+from meshplan.runtime.data import Source, cp_positions, decode, dp_slice, encode  # noqa: E402
+from meshplan.runtime.mesh import mesh_layout  # noqa: E402
+from meshplan.runtime.models.decoder import build_decoder  # noqa: E402
+from meshplan.runtime.pipeline import pipeline_violations, stage_layers, stages_of_rank  # noqa: E402
+from meshplan.spec.plan import Plan  # noqa: E402
+
+
+def _plan(**kw) -> Plan:
+    return Plan(**{"global_batch": 8, "seq_len": 32, **kw})
+
+
+def test_mesh_follows_the_rank_order_slowest_first():
+    plan = _plan(tp=2, dp=4, zero=3, dp_shard=2, pp=2)
+    assert mesh_layout(plan) == (("pp", "dp_replicate", "dp_shard", "cp", "tp"), (2, 2, 2, 1, 2))
+    swapped = plan.with_(rank_order="dp-tp-cp-ep-pp")
+    assert mesh_layout(swapped) == (("pp", "cp", "tp", "dp_replicate", "dp_shard"), (2, 1, 2, 2, 2))
+
+
+def test_zero0_replicates_over_all_of_dp():
+    assert mesh_layout(_plan(dp=4))[1] == (1, 4, 1, 1, 1)
+
+
+def test_cp_positions_zigzag():
+    assert cp_positions(8, cp_rank=0, cp=2).tolist() == [0, 1, 6, 7]
+    assert cp_positions(8, cp_rank=1, cp=2).tolist() == [2, 3, 4, 5]
+    assert cp_positions(4, cp_rank=0, cp=1).tolist() == [0, 1, 2, 3]
+
+
+def test_batches_depend_on_seed_and_step_only():
+    src = Source(kind="corpus", vocab=256, seed=3)
+    a, b = src.batch(step=5, batch=4, seq_len=16), src.batch(step=5, batch=4, seq_len=16)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[0][:, 1:], a[1][:, :-1])
+    assert not torch.equal(a[0], src.batch(step=6, batch=4, seq_len=16)[0])
+    assert dp_slice(a[0], dp_rank=1, dp=2).shape == (2, 16)
+    assert decode(encode("naïve")) == "naïve"
+
+
+def test_synthetic_stream_is_arithmetic_mod_vocab():
+    x, y = Source(kind="synthetic", vocab=256).batch(step=1, batch=2, seq_len=8)
+    d = (x[:, 1:] - x[:, :-1]) % 256
+    assert (d == d[:, :1]).all() and ((y - x) % 256 == d[:, :1]).all()
+
+
+def test_stage_placement_loop_v_and_layers():
+    model = catalog.model("tiny-llama")
+    loop = _plan(pp=2, vpp=2, schedule="interleaved_1f1b")
+    assert stages_of_rank(loop, 0) == (0, 2) and stages_of_rank(loop, 1) == (1, 3)
+    vee = _plan(pp=2, vpp=2, schedule="zbv")
+    assert stages_of_rank(vee, 0) == (0, 3) and stages_of_rank(vee, 1) == (1, 2)
+    assert [stage_layers(model, loop, s) for s in range(4)] == [(0,), (1,), (2,), (3,)]
+    assert stage_layers(model, _plan(pp=2), 1) == (2, 3)
+
+
+def test_schedule_problems_are_sentences():
+    assert "needs vpp=2" in pipeline_violations(_plan(pp=2, schedule="dualpipev"))[0]
+    assert "not registered" in pipeline_violations(_plan(pp=2, schedule="zb2p"))[0]
+    assert "one stage per rank" in pipeline_violations(_plan(pp=2, vpp=2, schedule="gpipe"))[0]
+    assert pipeline_violations(_plan(pp=2, vpp=2, schedule="zb_h1")) == []
+
+
+def test_seeded_weights_do_not_depend_on_the_layout():
+    spec = catalog.model("tiny-llama")
+    full = dict(build_decoder(spec, seed=7).named_parameters())
+    stage = dict(build_decoder(spec, layer_ids=(2, 3), first=False, seed=7).named_parameters())
+    assert set(stage) < set(full) and "layers.2.attention.wq.weight" in stage
+    assert all(torch.equal(stage[k], full[k]) for k in stage)
+    other = build_decoder(spec, seed=8).layers["0"].attention.wq.weight
+    assert not torch.equal(full["layers.0.attention.wq.weight"], other)
