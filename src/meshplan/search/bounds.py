@@ -1,0 +1,195 @@
+"""Cheap lower bounds on step time and per-GPU memory of a leaf, from per-layer costs that are computed once
+per (pool, tp, cp, micro-batch, cp kind, ep, etp) and shared by every pipeline depth, schedule, ZeRO stage and
+data-parallel degree (identical layers cost the same).
+
+Both bounds hold for any layer split, so search can discard a leaf before running the full cost model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from meshplan.cost.calib import calibration_for
+from meshplan.cost.comm import collective_time, plan_links
+from meshplan.cost.pipeline import V_SHAPED, closed_form
+from meshplan.cost.result import StageTimes
+from meshplan.cost.memory import bytes_per_param, layer_params, reserved_bytes
+from meshplan.cost.stage import Ctx, head_cost, layer_cost, tokens_of
+from meshplan.spec.cluster import Pool, group_link
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.plan import Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockCost:
+    """One layer of a block on one rank, one micro-batch."""
+
+    n_layers: int
+    """Layers in the block."""
+    work: float
+    """Forward + backward time with exposed TP/CP/EP communication, no recompute (s)."""
+    full_extra: float
+    """Extra backward time under full recompute (s)."""
+    sel_extra: float
+    """Extra backward time under selective recompute (s)."""
+    act: dict
+    """Activation bytes kept for backward by recompute mode."""
+    share: float
+    """Lower bound of a rank's zero-bubble fill per unit of work: max(F + I - W, I) / (F + I + W)."""
+    dense: float
+    """Dense parameters held by one rank (tp-sharded)."""
+    expert: float
+    """Expert parameters held by one rank (ep x etp-sharded)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerTable:
+    """Per-layer costs of a model under one (pool, tp, cp, micro-batch, cp kind, ep, etp)."""
+
+    blocks: tuple[BlockCost, ...]
+    """One entry per model block."""
+    head: float
+    """Output head forward + backward on the last stage (s)."""
+    emb: float
+    """Embedding (and separate output head) parameters per rank, summed."""
+    opt_s_per_param: float
+    """Optimizer step time per locally owned parameter (s)."""
+    overhead: float
+    """Fixed per-step overhead (s)."""
+    reserved: float
+    """CUDA context and NCCL buffers (bytes)."""
+
+    @property
+    def share(self) -> float:
+        """Smallest zero-bubble fill share over the blocks (the head's is 1)."""
+        return min(b.share for b in self.blocks)
+
+    @property
+    def work(self) -> float:
+        """All layers' and the head's work per micro-batch (s)."""
+        return sum(b.work * b.n_layers for b in self.blocks) + self.head
+
+    @property
+    def dense(self) -> float:
+        """Dense parameters per tp rank over all stages, embeddings included."""
+        return sum(b.dense * b.n_layers for b in self.blocks) + self.emb
+
+    @property
+    def expert(self) -> float:
+        """Expert parameters per rank over all stages."""
+        return sum(b.expert * b.n_layers for b in self.blocks)
+
+
+def layer_table(model: ModelSpec, pool: Pool, plan: Plan, *, calib=None) -> LayerTable:
+    """Cost every block once with the cost model's own layer function (``meshplan.cost.stage.layer_cost``)."""
+    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib)
+    links = plan_links(plan, pool)
+    ctxs = {mode: Ctx(model=model, plan=plan.with_(recompute=mode, recompute_layers=0), gpu=pool.gpu, links=links,
+                      calib=cal) for mode in ("none", "selective", "full")}
+    blocks = []
+    for b in model.blocks:
+        costs = {mode: layer_cost(b, ctx, index_on_rank=0) for mode, ctx in ctxs.items()}
+        base = costs["none"]
+        work = base.fwd + base.bwd_input + base.bwd_weight + base.tp_f + base.tp_b + base.cp_f + base.cp_b + \
+            base.ep_f + base.ep_b
+        full = costs["full"]
+        full_extra = (full.bwd_input - base.bwd_input) + (full.tp_b - base.tp_b) + (full.cp_b - base.cp_b) + \
+            (full.ep_b - base.ep_b)
+        d, e = layer_params(b.layer)
+        f = base.fwd + base.tp_f + base.cp_f + base.ep_f
+        i = base.bwd_input + base.tp_b + base.cp_b + base.ep_b
+        share = max(f + i - base.bwd_weight, i) / max(work, 1e-30)
+        blocks.append(BlockCost(n_layers=b.n_layers, work=work, full_extra=full_extra, share=share,
+                                sel_extra=costs["selective"].bwd_input - base.bwd_input,
+                                act={m: c.act_bytes for m, c in costs.items()}, dense=d / plan.tp,
+                                expert=e / (plan.ep * plan.etp)))
+    hf, hb = head_cost(model, ctxs["none"])
+    emb = model.vocab * model.hidden / plan.tp * (1 if model.tied_embeddings else 2)
+    return LayerTable(blocks=tuple(blocks), head=hf + hb, emb=emb,
+                      opt_s_per_param=30.0 / (pool.gpu.hbm_bandwidth * cal.mem_eff), overhead=cal.step_overhead_s,
+                      reserved=reserved_bytes(pool.gpu.generation))
+
+
+def pipeline_factor(schedule: str, *, pp: int, vpp: int, n_micro: int, share: float = 0.0) -> float:
+    """Lower bound of pipeline time in units of the average rank's work per micro-batch, valid for any split.
+
+    From the closed forms (``meshplan.cost.pipeline``) with max_r W_r >= avg W: 1F1B and GPipe
+    m max + (sum - max) >= (m + p - 1) avg (Narayanan et al. 2021 eq. 1); interleaved
+    m max + (sum - max)/v + (v-1) max(p-m, 0) max/v >= (m + (p - 1)/v + (v-1) max(p-m, 0)/v) avg; zero-bubble
+    fills sum_r per_r - max_r per_r with per_r >= ``share`` W_r give (m + share (p - 1)) avg, halved for the
+    V-shaped schedules (Qi et al. 2023 sec. 3.1, 2024 sec. 6).
+    """
+    m, p, v = n_micro, pp, max(vpp, 1)
+    if p == 1:
+        return float(m)
+    if schedule in ("1f1b", "gpipe", ""):
+        return float(m + p - 1)
+    if schedule == "interleaved_1f1b":
+        return m + (p - 1) / v + (v - 1) * max(p - m, 0) / v
+    if schedule in V_SHAPED:
+        return m + share * (p - 1) / 2
+    return m + share * (p - 1)
+
+
+def p2p_lower_bound(model: ModelSpec, pool: Pool, plan: Plan, *, calib) -> float:
+    """Exposed pipeline sends on the critical path (s): the closed form's transfer term for the smallest
+    activation any stage sends, over the link two pipeline neighbours share."""
+    if plan.pp == 1:
+        return 0.0
+    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib)
+    link = group_link(pool, size=2, stride=plan.stride("pp"))
+    h_div = plan.tp if plan.sp else 1
+    t = min(collective_time("send_recv", tokens_of(b, plan) * b.layer.hidden * 2.0 / h_div, size=2, link=link,
+                            calib=cal) for b in model.blocks)
+    return t * p2p_factor(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
+
+
+@lru_cache(maxsize=4096)
+def p2p_factor(schedule: str, *, pp: int, vpp: int, n_micro: int) -> float:
+    """Exposed transfer time per second of one stage-to-stage send: the closed form's transfer term
+    (``meshplan.cost.pipeline.closed_form``), which is linear in the send time."""
+    s = pp * vpp
+    zeros = (0.0,) * s
+    times = StageTimes(fwd=zeros, bwd_input=zeros, bwd_weight=zeros, p2p=(1.0,) * s, act_bytes=zeros)
+    return closed_form(schedule, times, pp=pp, vpp=vpp, n_micro=n_micro).p2p
+
+
+def _local_params(table: LayerTable, plan: Plan) -> tuple[float, float]:
+    """(dense, expert) parameters of the average pipeline rank."""
+    return table.dense / plan.pp, table.expert / plan.pp
+
+
+def expert_shard(plan: Plan) -> int:
+    """Ranks that share one expert shard's ZeRO copy (mirrors meshplan.cost.estimate._rank_memory)."""
+    edp = max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1)
+    return max(1, edp * plan.shard_group // plan.dp) if plan.zero else 1
+
+
+def time_lower_bound(table: LayerTable, plan: Plan, *, p2p: float = 0.0) -> float:
+    """Step time can be no less than the pipeline bound on the average rank's work, plus the average rank's
+    optimizer step (memory-bound, linear in owned parameters) and the fixed overhead (s)."""
+    pipe = pipeline_factor(plan.schedule_name if plan.pp > 1 else "", pp=plan.pp, vpp=plan.vpp,
+                           n_micro=plan.n_micro, share=table.share) * table.work / plan.pp + p2p
+    dense, expert = _local_params(table, plan)
+    eshard = max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1) if plan.zero >= 1 else 1
+    owned = dense / plan.zero_group + expert / eshard
+    return pipe + owned * table.opt_s_per_param + table.overhead
+
+
+def memory_lower_bound(table: LayerTable, plan: Plan) -> float:
+    """Weights, gradients and optimizer states of the average rank after ZeRO sharding plus the CUDA context
+    (bytes); activations are left out (full recompute can shrink them far), so the bound holds for every
+    recompute mode and split. Mirrors ``meshplan.cost.estimate._rank_memory``."""
+    dense, expert = _local_params(table, plan)
+    w, g, o = bytes_per_param(plan)
+    shard, eshard = plan.zero_group, expert_shard(plan)
+
+    def sharded(b: float, stage: int) -> float:
+        on = plan.zero >= stage
+        return dense * b / (shard if on else 1) + expert * b / (eshard if on else 1)
+
+    total = sharded(w, 3) + sharded(g, 2) + sharded(o, 1) + table.reserved
+    if plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1:
+        total += (dense + expert) * 2.0
+    return total

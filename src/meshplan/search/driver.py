@@ -1,0 +1,277 @@
+"""The search driver: enumerate leaves, bound them, evaluate survivors best-bound-first with the full cost model
+(picking the least recompute that fits), refine the best with the layer-partition kernel and other rank orders,
+and re-rank the top with the event simulator. The numeric kernels live in ``bounds`` and ``partition``."""
+
+from __future__ import annotations
+
+import math
+import time
+from bisect import insort
+from collections import Counter
+from typing import Callable
+
+from meshplan.cost.estimate import estimate, rank_pool
+from meshplan.errors import MeshplanError
+from meshplan.search.bounds import LayerTable, layer_table, memory_lower_bound, p2p_lower_bound, time_lower_bound
+from meshplan.search.hetero import cluster_variants
+from meshplan.search.request import SearchRequest
+from meshplan.search.result import RankedPlan, SearchResult
+from meshplan.search.space import Leaf, degree_tuples, leaf_plan, leaves
+from meshplan.search.split import balanced_split
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.plan import DEFAULT_RANK_ORDER, Plan
+
+RANK_ORDERS = (DEFAULT_RANK_ORDER, "tp-cp-ep-pp-dp", "tp-dp-cp-ep-pp")
+"""Rank orders tried on the best plans: Megatron's default, pipeline inside data parallel (pipeline sends on
+the fast links), and cp outside dp (cp's ring across nodes, dp's traffic inside)."""
+MAX_SIM_ACTIONS = 400_000
+"""Plans whose schedule has more actions than this keep the closed-form pipeline time."""
+
+
+def dollars_per_hour(cluster: ClusterSpec, prices: dict) -> float:
+    """Price of all GPUs of ``cluster`` per hour: the request's prices, else the catalog's (0 = unknown)."""
+    return sum(p.n_gpus * float(prices.get(p.gpu.name, p.gpu.price_per_hour)) for p in cluster.pools)
+
+
+class _Run:
+    """State of one search: the request, the cluster variants, caches and counters."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, req: SearchRequest, calib):
+        self.model, self.cluster, self.req, self.calib = model, cluster, req, calib
+        self.variants = cluster_variants(cluster, precision=req.precision, allow_idle=req.allow_idle_pools)
+        self.pruned: Counter = Counter()
+        self.tables: dict[tuple, LayerTable] = {}
+        self.fitting: list[RankedPlan] = []
+        self.keys: list[float] = []
+        self.n_eval = 0
+        self.considered = 0
+        self.leanest: tuple[float, RankedPlan] | None = None
+        self.lean_leaf: tuple[float, int, Plan] | None = None
+
+    # -- costs -------------------------------------------------------------------------------------------
+    def table(self, pool, plan: Plan) -> LayerTable:
+        """Per-layer costs, shared by every leaf with the same pool and intra-layer layout."""
+        key = (id(pool), plan.tp, plan.cp, plan.micro_batch, plan.cp_kind, plan.ep, plan.etp, plan.sp,
+               plan.rank_order, plan.tp_comm_overlap)
+        if key not in self.tables:
+            self.tables[key] = layer_table(self.model, pool, plan, calib=self.calib)
+        return self.tables[key]
+
+    def limits(self, vi: int, plan: Plan) -> list[float]:
+        """Memory limit of each pipeline rank (bytes)."""
+        var = self.variants[vi]
+        return [self.req.max_memory_fraction * rank_pool(var, plan, r).gpu.hbm_bytes for r in range(plan.pp)]
+
+    def key(self, vi: int, step: float) -> float:
+        """Objective: step time, or currency per token for the cost objective."""
+        if self.req.objective == "cost":
+            return step * dollars_per_hour(self.variants[vi], self.req.prices) / \
+                (self.req.global_batch * self.req.seq_len)
+        return step
+
+    def bound(self) -> float:
+        """Objective of the best fitting plan so far (inf until there is one): the bound prunes against the
+        optimum only; runners-up are the best of what was evaluated."""
+        return self.keys[0] if self.keys else math.inf
+
+    # -- enumeration ---------------------------------------------------------------------------------------
+    def enumerate(self) -> list[tuple[float, int, int, Plan]]:
+        """Every leaf that survives the memory bound, with its objective lower bound."""
+        out = []
+        for vi, var in enumerate(self.variants):
+            node = min(p.gpus_per_node for p in var.pools)
+            cap = max(self.req.max_memory_fraction * p.gpu.hbm_bytes for p in var.pools)
+            for deg in degree_tuples(self.model, var, self.req, self.pruned):
+                for leaf in leaves(self.model, deg, self.req, node=node, pruned=self.pruned):
+                    self.considered += 1
+                    plan = leaf_plan(leaf, self.req)
+                    tabs = [self.table(p, plan) for p in var.pools]
+                    fast = min(tabs, key=lambda t: t.work)
+                    mem = memory_lower_bound(fast, plan)
+                    ratio = mem / cap
+                    if self.lean_leaf is None or ratio < self.lean_leaf[0]:
+                        self.lean_leaf = (ratio, vi, plan)
+                    if mem > cap and not self.req.exhaustive:
+                        self.pruned["memory (lower bound)"] += 1
+                        continue
+                    p2p = min(p2p_lower_bound(self.model, p, plan, calib=self.calib) for p in var.pools)
+                    out.append((self.key(vi, time_lower_bound(fast, plan, p2p=p2p)), len(out), vi, plan))
+        self.considered += sum(self.pruned.values())
+        return out
+
+    # -- evaluation ----------------------------------------------------------------------------------------
+    def split(self, vi: int, plan: Plan, *, force: bool = False) -> tuple[int, ...]:
+        """Layer split: even on one pool (the published family), the kernel's on mixed pools or when forced."""
+        var = self.variants[vi]
+        if plan.pp == 1 or (var.homogeneous and not force):
+            return ()
+        tabs = [self.table(rank_pool(var, plan, r), plan) for r in range(plan.pp)]
+        return balanced_split(self.model, plan, tables=tabs, limits=self.limits(vi, plan)) or ()
+
+    def run(self, vi: int, plan: Plan) -> RankedPlan | None:
+        """Full cost model on one plan."""
+        self.n_eval += 1
+        var = self.variants[vi]
+        try:
+            est = estimate(self.model, var, plan, calib=self.calib)
+        except MeshplanError:
+            self.pruned["invalid after split"] += 1
+            return None
+        rp = RankedPlan(plan=plan, cluster=var, estimate=est, dollars_per_hour=dollars_per_hour(var, self.req.prices))
+        ratio = max(m.total() / lim for m, lim in zip(est.memory_per_stage, self.limits(vi, plan)))
+        if self.leanest is None or ratio < self.leanest[0]:
+            self.leanest = (ratio, rp)
+        return rp
+
+    def fits(self, vi: int, rp: RankedPlan) -> bool:
+        """Every rank's peak within its pool's limit."""
+        lims = self.limits(vi, rp.plan)
+        return all(m.total() <= lim for m, lim in zip(rp.estimate.memory_per_stage, lims))
+
+    def accept(self, vi: int, rp: RankedPlan) -> None:
+        """Record a fitting plan."""
+        self.fitting.append(rp)
+        insort(self.keys, self.key(vi, rp.estimate.step_time))
+
+    def with_recompute(self, vi: int, plan: Plan, mode: str, k: int = 0) -> RankedPlan | None:
+        """The plan under a recompute mode, split re-balanced for it on mixed pools."""
+        p = plan.with_(recompute=mode, recompute_layers=k, layer_split=())
+        return self.run(vi, p.with_(layer_split=self.split(vi, p)))
+
+    def ladder(self, vi: int, plan: Plan) -> None:
+        """Least recompute that fits: none; else selective and full on the fewest layers per rank."""
+        base = self.with_recompute(vi, plan, "none")
+        if base is None:
+            return
+        if self.fits(vi, base):
+            self.accept(vi, base)
+            return
+        if not self.req.exhaustive and self.key(vi, base.estimate.step_time) >= self.bound():
+            self.pruned["bound (recompute only adds time)"] += 1
+            return
+        pin = self.req.pins.get("recompute")
+        found = False
+        if pin in (None, "selective") and any(b.layer.attention for b in self.model.blocks):
+            sel = self.with_recompute(vi, plan, "selective")
+            if sel is not None and self.fits(vi, sel):
+                self.accept(vi, sel)
+                found = True
+        if pin not in (None, "full"):
+            self.pruned["memory"] += 0 if found else 1
+            return
+        full = self.with_recompute(vi, plan, "full")
+        if full is None or not self.fits(vi, full):
+            self.pruned["memory"] += 0 if found else 1
+            return
+        self.partial_full(vi, plan, base, full)
+
+    def partial_full(self, vi: int, plan: Plan, base: RankedPlan, full: RankedPlan) -> None:
+        """Fewest fully recomputed layers per rank that fit, from a linear guess between none and all."""
+        per_rank = max(sum(full.plan.layer_split[r::plan.pp]) for r in range(plan.pp)) if full.plan.layer_split \
+            else -(-self.model.n_layers // plan.pp)
+        lims = self.limits(vi, plan)
+        over = max(m.total() - lim for m, lim in zip(base.estimate.memory_per_stage, lims))
+        span = max(base.estimate.peak_memory - full.estimate.peak_memory, 1.0)
+        k = max(1, math.ceil(over / span * per_rank))
+        if "recompute_layers" in self.req.pins:
+            k = self.req.pins["recompute_layers"] or per_rank
+        while k < per_rank:
+            rp = self.with_recompute(vi, plan, "full", k)
+            if rp is not None and self.fits(vi, rp):
+                self.accept(vi, rp)
+                return
+            k += max(1, per_rank // 16)
+        self.accept(vi, full)
+
+    # -- refinement ----------------------------------------------------------------------------------------
+    def refine(self) -> None:
+        """Try the partition kernel's split and other rank orders on the best distinct plans."""
+        best = sorted(self.fitting, key=lambda rp: rp.estimate.step_time)[: 2 * self.req.top]
+        for rp in best:
+            vi = next(i for i, v in enumerate(self.variants) if v is rp.cluster)
+            tries = []
+            if rp.plan.pp > 1 and not rp.plan.layer_split:
+                tries.append(rp.plan.with_(layer_split=self.split(vi, rp.plan, force=True)))
+            if rp.cluster.homogeneous and "rank_order" not in self.req.pins:
+                tries += [rp.plan.with_(rank_order=o) for o in RANK_ORDERS if o != rp.plan.rank_order]
+            for p in tries:
+                if p == rp.plan:
+                    continue
+                new = self.run(vi, p)
+                if new is not None and self.fits(vi, new) and new.estimate.step_time < rp.estimate.step_time:
+                    self.accept(vi, new)
+
+
+def _simulated(model: ModelSpec, rp: RankedPlan, calib) -> RankedPlan:
+    """Re-estimate with the event simulator as the pipeline (meshplan.sim)."""
+    from dataclasses import replace
+
+    from meshplan.cost.pipeline import PipelineTime
+    from meshplan.sim import simulate
+
+    p = rp.plan
+    if p.pp == 1 or p.pp * p.vpp * p.n_micro * 3 > MAX_SIM_ACTIONS:
+        return rp
+
+    def pipe(name, times, *, pp, vpp, n_micro):
+        tl = simulate(name, times, pp=pp, vpp=vpp, n_micro=n_micro)
+        busy = max(tl.busy)
+        return PipelineTime(step=tl.pipeline_time, busy=busy, bubble=tl.pipeline_time - busy, p2p=0.0)
+
+    try:
+        return replace(rp, simulated=estimate(model, rp.cluster, p, calib=calib, pipeline=pipe))
+    except MeshplanError:
+        return rp
+
+
+def pareto_front(plans: list[RankedPlan]) -> list[RankedPlan]:
+    """Plans not beaten on both step time and peak memory, fastest first."""
+    out, low = [], math.inf
+    for rp in sorted(plans, key=lambda r: (r.estimate.step_time, r.estimate.peak_memory)):
+        if rp.estimate.peak_memory < low:
+            out.append(rp)
+            low = rp.estimate.peak_memory
+    return out
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, request: SearchRequest, *, calib=None,
+           progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    """Plan ``model`` on ``cluster`` for ``request``; see the module docstring for the steps.
+
+    Args:
+        calib: calibration table for the cost model (None = packaged).
+        progress: optional ``f(done, total)`` called while candidates are evaluated.
+    """
+    t0 = time.perf_counter()
+    run = _Run(model, cluster, request, calib)
+    cands = sorted(run.enumerate())
+    for i, (lb, _, vi, plan) in enumerate(cands):
+        if not request.exhaustive and lb >= run.bound():
+            run.pruned["bound"] += len(cands) - i
+            break
+        run.ladder(vi, plan)
+        if progress and i % 64 == 0:
+            progress(i, len(cands))
+    if not request.exhaustive:
+        run.refine()
+    return _finish(run, t0)
+
+
+def _finish(run: _Run, t0: float) -> SearchResult:
+    """Rank, simulate the top, build the Pareto front and the nothing-fits report."""
+    from meshplan.search.infeasible import nothing_fits
+
+    req = run.req
+    keyed = sorted(run.fitting, key=lambda rp: (run.key(run.variants.index(rp.cluster), rp.estimate.step_time)))
+    top = keyed[: req.top]
+    if req.simulate:
+        top = [_simulated(run.model, rp, run.calib) for rp in top]
+        top.sort(key=lambda rp: run.key(run.variants.index(rp.cluster), rp.step_time))
+    infeasible, lean = (None, None)
+    if not top:
+        infeasible, lean = nothing_fits(run)
+    return SearchResult(model=run.model, cluster=run.cluster, request=req, plans=tuple(top),
+                        pareto=tuple(pareto_front(run.fitting)), considered=run.considered,
+                        pruned=dict(run.pruned), evaluated=run.n_eval, search_time_s=time.perf_counter() - t0,
+                        infeasible=infeasible, lean=lean)

@@ -1,0 +1,219 @@
+"""The search space: degree tuples (tp, cp, pp, dp, ep, etp) that tile the cluster, and per tuple the options
+that do not change how GPUs are grouped (micro-batch, schedule and virtual stages, ZeRO stage and HSDP group,
+context-parallel kind). Recompute is not enumerated: the driver picks the least recompute that fits.
+
+Every option that is left out is counted under a reason, so reports can say what was never considered and why.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterator, NamedTuple
+
+from meshplan.search.request import SearchRequest
+from meshplan.spec.checks import plan_violations
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.plan import Plan
+
+SCHEDULES_V1 = ("1f1b", "gpipe", "zb_h1")
+"""Schedules with one chunk per rank."""
+SCHEDULES_V2 = ("zbv", "dualpipev")
+"""V-shaped schedules: exactly two chunks per rank."""
+MIN_TOKENS_PER_CP_RANK = 1024
+"""Context parallelism below ~1k tokens per rank leaves attention too small to hide the KV exchange (Megatron
+CP guidance: use it for sequences of 8k and more); shorter shards are pruned."""
+MAX_CHUNK_LAYERS = 8
+"""Interleaving candidates: chunk sizes of 1..8 layers (Megatron's num-layers-per-virtual-pipeline-stage)."""
+
+
+class Degrees(NamedTuple):
+    """How the cluster's GPUs are grouped."""
+
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    ep: int
+    etp: int
+
+
+class Leaf(NamedTuple):
+    """One point of the space below a degree tuple (recompute and layer split are decided later)."""
+
+    deg: Degrees
+    micro_batch: int
+    schedule: str
+    vpp: int
+    zero: int
+    dp_shard: int
+    cp_kind: str
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of ``n`` in increasing order."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def scale_up_domain(cluster: ClusterSpec) -> int:
+    """GPUs of the smallest scale-up (NVLink) domain over the pools: tp beyond it crosses the slow fabric."""
+    return min(p.network()[0].span for p in cluster.pools)
+
+
+def _pin_ok(req: SearchRequest, name: str, value) -> bool:
+    return name not in req.pins or req.pins[name] == value
+
+
+def use_sp(deg: Degrees, req: SearchRequest) -> bool:
+    """Sequence parallelism whenever tp > 1 and tp divides the tokens per cp rank: it moves the same bytes as
+    TP's all-reduces, shrinks activations and pipeline sends (Korthikanti et al. 2022 sec. 4.2.2)."""
+    return deg.tp > 1 and (req.seq_len // deg.cp) % deg.tp == 0
+
+
+def _probe(deg: Degrees, req: SearchRequest, **kw) -> Plan:
+    return Plan(global_batch=req.global_batch, seq_len=req.seq_len, precision=req.precision, tp=deg.tp,
+                sp=use_sp(deg, req), cp=deg.cp, pp=deg.pp, dp=deg.dp, ep=deg.ep, etp=deg.etp, **kw)
+
+
+def _expert_options(model: ModelSpec, tp: int, cp: int, dp: int) -> list[tuple[int, int]]:
+    """(ep, etp) pairs: ep divides every block's experts and ep*etp divides tp*cp*dp; etp is 1 or tp."""
+    if not model.is_moe:
+        return [(1, 1)]
+    experts = [b.layer.moe.n_experts for b in model.blocks if b.layer.moe]
+    out = []
+    for ep in divisors(min(experts)):
+        for etp in sorted({1, tp}):
+            if all(e % ep == 0 for e in experts) and (tp * cp * dp) % (ep * etp) == 0:
+                out.append((ep, etp))
+    return out
+
+
+def degree_tuples(model: ModelSpec, cluster: ClusterSpec, req: SearchRequest, pruned: Counter) -> Iterator[Degrees]:
+    """Every valid degree tuple; invalid or unpromising ones are counted in ``pruned`` by reason."""
+    n, dom = cluster.n_gpus, scale_up_domain(cluster)
+    for tp in divisors(n):
+        if not _pin_ok(req, "tp", tp):
+            continue
+        if tp > dom and "tp" not in req.pins:
+            pruned["tp crosses the scale-up domain"] += 1
+            continue
+        for cp in divisors(n // tp):
+            if not _pin_ok(req, "cp", cp):
+                continue
+            if req.seq_len % cp or (cp > 1 and req.seq_len // cp < MIN_TOKENS_PER_CP_RANK and "cp" not in req.pins):
+                pruned["cp shard too short"] += 1
+                continue
+            for pp in divisors(n // (tp * cp)):
+                dp = n // (tp * cp * pp)
+                if not (_pin_ok(req, "pp", pp) and _pin_ok(req, "dp", dp)):
+                    continue
+                if pp > model.n_layers or req.global_batch % dp:
+                    pruned["divisibility"] += 1
+                    continue
+                for ep, etp in _expert_options(model, tp, cp, dp):
+                    if not (_pin_ok(req, "ep", ep) and _pin_ok(req, "etp", etp)):
+                        continue
+                    deg = Degrees(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp)
+                    if plan_violations(model, cluster, _probe(deg, req)):
+                        pruned["divisibility"] += 1
+                        continue
+                    yield deg
+
+
+def micro_batches(req: SearchRequest, dp: int) -> list[int]:
+    """Micro-batch sizes: divisors of the per-replica batch up to ``max_micro_batch``."""
+    if "micro_batch" in req.pins:
+        mb = req.pins["micro_batch"]
+        return [mb] if (req.global_batch // dp) % mb == 0 else []
+    return [d for d in divisors(req.global_batch // dp) if d <= req.max_micro_batch]
+
+
+def vpp_options(n_layers: int, pp: int) -> list[int]:
+    """Chunks per rank for interleaving: those giving chunks of 1..MAX_CHUNK_LAYERS layers (rounded both ways,
+    so 126 layers on pp=8 offers vpp 7 and 8, the published Llama-3.1-405B layout)."""
+    per_rank = n_layers / pp
+    out = set()
+    for c in range(1, MAX_CHUNK_LAYERS + 1):
+        for v in (int(per_rank // c), -int(-per_rank // c)):
+            if v >= 2 and pp * v <= n_layers:
+                out.add(v)
+    return sorted(out)
+
+
+def interleave_ok(pp: int, n_micro: int) -> bool:
+    """torch's ScheduleInterleaved1F1B needs m divisible by its rounds max(1, m // pp) (meshplan.sim)."""
+    rounds = max(1, n_micro // pp)
+    return n_micro % rounds == 0
+
+
+def pipeline_options(n_layers: int, pp: int, n_micro: int, req: SearchRequest, pruned: Counter) -> list[tuple[str, int]]:
+    """(schedule, vpp) pairs valid for this pipeline; ``("", 1)`` without pipelining."""
+    if pp == 1:
+        return [("", 1)] if _pin_ok(req, "vpp", 1) else []
+    out = [(s, 1) for s in SCHEDULES_V1]
+    if pp * 2 <= n_layers:
+        out += [(s, 2) for s in SCHEDULES_V2 if s != "dualpipev" or n_micro >= 2 * pp]
+    if interleave_ok(pp, n_micro):
+        out += [("interleaved_1f1b", v) for v in vpp_options(n_layers, pp)]
+    else:
+        pruned["schedule constraint"] += 1
+    kept = [(s, v) for s, v in out if _pin_ok(req, "schedule", s) and _pin_ok(req, "vpp", v)]
+    if req.pins.get("schedule") == "interleaved_1f1b" and "vpp" in req.pins and not kept \
+            and interleave_ok(pp, n_micro) and pp * req.pins["vpp"] <= n_layers:
+        kept = [("interleaved_1f1b", req.pins["vpp"])]
+    return kept
+
+
+def zero_options(deg: Degrees, req: SearchRequest, *, node: int, pruned: Counter) -> list[tuple[int, int]]:
+    """(zero, dp_shard) pairs. Without exhaustive search, dominated stages are dropped: in the cost model ZeRO-1
+    moves fewer bytes than DDP's all-reduce and holds less, and ZeRO-2 costs ZeRO-1's time with less memory
+    (it is offered only without pipelining: DeepSpeed forbids ZeRO-2 with pipelines and Megatron's distributed
+    optimizer is ZeRO-1). HSDP groups span at least a node."""
+    group = deg.dp * deg.cp
+    if group == 1:
+        opts = [(0, 0)]
+    else:
+        low = [0, 1, 2] if deg.pp == 1 else [0, 1]
+        if not req.exhaustive and "zero" not in req.pins:
+            pruned["dominated zero stage"] += len(low) - 1
+            low = low[-1:]
+        opts = [(z, 0) for z in low]
+        shards = [d for d in divisors(deg.dp) if d < deg.dp and d * deg.tp * deg.cp >= node and d & (d - 1) == 0]
+        opts += [(3, d) for d in shards] + [(3, 0)]
+    out = [(z, s) for z, s in opts if _pin_ok(req, "zero", z)]
+    if "dp_shard" in req.pins:
+        want = req.pins["dp_shard"]
+        out = [(z, s) for z, s in out if s == want or (want == deg.dp and s == 0)]
+    return out
+
+
+def cp_kinds(model: ModelSpec, deg: Degrees, req: SearchRequest) -> list[str]:
+    """``ring`` always; ``a2a`` (Ulysses) where tp*cp divides every block's heads."""
+    if deg.cp == 1:
+        return ["ring"]
+    heads = [b.layer.attention.n_heads for b in model.blocks if b.layer.attention]
+    kinds = ["ring"] + (["a2a"] if all(h % (deg.tp * deg.cp) == 0 for h in heads) else [])
+    return [k for k in kinds if _pin_ok(req, "cp_kind", k)]
+
+
+def leaves(model: ModelSpec, deg: Degrees, req: SearchRequest, *, node: int, pruned: Counter) -> Iterator[Leaf]:
+    """Every leaf below one degree tuple."""
+    zeros = zero_options(deg, req, node=node, pruned=pruned)
+    kinds = cp_kinds(model, deg, req)
+    for mb in micro_batches(req, deg.dp):
+        m = req.global_batch // (deg.dp * mb)
+        for sched, vpp in pipeline_options(model.n_layers, deg.pp, m, req, pruned):
+            for zero, shard in zeros:
+                for kind in kinds:
+                    yield Leaf(deg=deg, micro_batch=mb, schedule=sched, vpp=vpp, zero=zero, dp_shard=shard,
+                               cp_kind=kind)
+
+
+def leaf_plan(leaf: Leaf, req: SearchRequest, **kw) -> Plan:
+    """The Plan of a leaf (sequence parallel whenever tp > 1; TP overlap where the framework allows it)."""
+    d = leaf.deg
+    return Plan(global_batch=req.global_batch, seq_len=req.seq_len, micro_batch=leaf.micro_batch, tp=d.tp,
+                sp=use_sp(d, req), cp=d.cp, cp_kind=leaf.cp_kind, pp=d.pp, vpp=leaf.vpp, schedule=leaf.schedule,
+                dp=d.dp, zero=leaf.zero, dp_shard=leaf.dp_shard, ep=d.ep, etp=d.etp, precision=req.precision,
+                tp_comm_overlap=req.tp_comm_overlap and d.tp > 1, **kw)
