@@ -1,0 +1,72 @@
+"""``meshplan report PLAN -o report.html``: one self-contained HTML page of a plan's prediction, simulated step
+and alternatives. ``load_report`` is shared with ``meshplan explain``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from meshplan.errors import SpecError
+
+
+def load_report(plan_file: str, *, model_ref: str = "", gpus: str = "", cluster_file: str = "",
+                variants: bool = True, max_memory_fraction: float | None = None):
+    """Read a plan file, estimate it with the event simulator, simulate its step, and evaluate its variants.
+
+    Args:
+        max_memory_fraction: planner's memory limit as a share of device memory (None = no limit drawn).
+    """
+    from meshplan.cli.common import resolve_cluster, resolve_model
+    from meshplan.cli.estimate import sim_pipeline
+    from meshplan.cost.estimate import estimate
+    from meshplan.report import build_report, evaluate_variants
+    from meshplan.sim import simulate
+    from meshplan.spec.io import read_plan_file
+
+    if max_memory_fraction is not None and not 0 < max_memory_fraction <= 4:
+        raise SpecError("--max-memory-fraction", max_memory_fraction, "must be in (0, 4]")
+    plan, refs = read_plan_file(plan_file)
+    model = resolve_model(model_ref or None, refs.get("model"))
+    cluster = resolve_cluster(gpus or None, cluster_file or None, refs.get("gpus") or refs.get("cluster"))
+    pipeline = sim_pipeline()
+    est = estimate(model, cluster, plan, pipeline=pipeline)
+    timeline = simulate(plan.schedule_name, est.stage_times, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
+    alts, skipped = evaluate_variants(model, cluster, plan, pipeline=pipeline) if variants else ([], [])
+    limit = max_memory_fraction * est.capacity if max_memory_fraction is not None else None
+    return build_report(model, cluster, plan, est, timeline, alternatives=alts, memory_limit=limit,
+                        skipped=skipped)
+
+
+def write_report(plan_file: str, *, out: str, **kwargs) -> int:
+    """Render the HTML page of a plan file to ``out``; returns its size in bytes."""
+    from meshplan.report.figures import plotly_go
+    from meshplan.report.html import render_html
+
+    plotly_go()  # fail on a missing extra before any work
+    page = render_html(load_report(plan_file, **kwargs))
+    Path(out).write_text(page, encoding="utf-8")
+    return len(page.encode("utf-8"))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``report`` command."""
+
+    @app.command("report")
+    def report(
+        plan_file: str = typer.Argument(..., help="Plan file (TOML, as written by meshplan plan)."),
+        out: str = typer.Option("report.html", "-o", "--output", help="HTML file to write."),
+        model: str = typer.Option("", "--model", help="Model (catalog name or file); overrides the plan file's."),
+        gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 256xh100-sxm; overrides the plan file's."),
+        cluster: str = typer.Option("", "--cluster", help="Cluster TOML file."),
+        variants: bool = typer.Option(True, "--variants/--no-variants",
+                                      help="Compare with variants of the plan (recompute, micro-batch, ZeRO, "
+                                           "schedule)."),
+        max_memory_fraction: Optional[float] = typer.Option(
+            None, "--max-memory-fraction", help="Draw and judge against a memory limit (share of device memory)."),
+    ) -> None:
+        """Write a self-contained HTML report of a plan: figures, Gantt chart, memory, time, alternatives."""
+        size = write_report(plan_file, out=out, model_ref=model, gpus=gpus, cluster_file=cluster,
+                            variants=variants, max_memory_fraction=max_memory_fraction)
+        typer.echo(f"wrote {out} ({size / 2**20:.1f} MiB)")

@@ -1,0 +1,95 @@
+"""One self-contained HTML page of a Report: plotly.js inline once, no external resource, system fonts."""
+
+from __future__ import annotations
+
+from html import escape
+
+from meshplan.report.analysis import comparisons, gib, headline, layout_text, limiters, time_shares
+from meshplan.report.data import Report
+from meshplan.report.figures import gantt_figure, memory_figure, pareto_figure, plotly_go, time_figure
+from meshplan.report.gantt import MAX_BARS, gantt_data
+
+CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1200px;color:#222;
+padding:0 16px}
+h1{font-size:1.5em;margin-bottom:4px} h2{font-size:1.2em;margin-top:32px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:8px 0} td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:left}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums} .bad{color:#b00020;font-weight:600}
+.note{color:#555;font-size:.9em} code{background:#f4f4f4;padding:1px 4px}
+"""
+PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
+    """An HTML table; cells are escaped here, columns in ``numeric`` are right-aligned."""
+    def cells(tag: str, vals: list[str]) -> str:
+        return "".join(f"<{tag}{' class=num' if i in numeric else ''}>{escape(str(v))}</{tag}>"
+                       for i, v in enumerate(vals))
+    head = f"<tr>{cells('th', header)}</tr>" if header else ""
+    body = "".join("<tr>" + cells("td", r) + "</tr>" for r in rows)
+    return f"<table>{head}{body}</table>"
+
+
+def _figure_html(fig, div_id: str, *, first: bool) -> str:
+    return fig.to_html(include_plotlyjs=first, full_html=False, div_id=div_id, config=PLOTLY_CONFIG)
+
+
+def _summary(rep: Report) -> str:
+    rows = [["model", rep.model.name], ["GPUs", rep.cluster.describe()], ["layout", layout_text(rep.plan)]]
+    rows += [[k, v] for k, v in headline(rep.estimate)]
+    items = "".join(f"<li{' class=bad' if s.startswith('DOES NOT FIT') else ''}>{escape(s)}</li>"
+                    for s in limiters(rep))
+    return f"{_table([], rows)}<h2>What limits this plan</h2><ul>{items}</ul>"
+
+
+def _memory_table(rep: Report) -> str:
+    per = rep.estimate.memory_per_stage or (rep.estimate.memory,)
+    comps = list(per[0].as_dict())
+    rows = [[f"r{r}"] + [gib(v) for v in m.as_dict().values()] + [gib(m.total()),
+            f"{100 * m.total() / rep.estimate.capacity:.0f} %"] for r, m in enumerate(per)]
+    return _table(["rank"] + comps + ["total", "of capacity"], rows, set(range(1, len(comps) + 3)))
+
+
+def _time_table(rep: Report) -> str:
+    rows = [[k.replace("_", " ") + (" (inside compute)" if k == "recompute" else ""), f"{v:.4f}",
+             f"{100 * s:.1f}"] for k, v, s in time_shares(rep.estimate)]
+    return _table(["component", "s", "% of step"], rows, {1, 2})
+
+
+def _alternatives_table(rep: Report) -> str:
+    rows = [["this plan", f"{rep.estimate.step_time:.3f}", gib(rep.estimate.peak_memory),
+             "Pareto" if 0 in rep.pareto else "", "", layout_text(rep.plan)]]
+    for i, c in enumerate(comparisons(rep), start=1):
+        est = rep.alternatives[i - 1].estimate
+        rows.append([c.label, f"{est.step_time:.3f}", gib(est.peak_memory), "Pareto" if i in rep.pareto else "",
+                     f"{c.status}: {c.text}", layout_text(rep.alternatives[i - 1].plan)])
+    skipped = "".join(f"<li>{escape(s)}</li>" for s in rep.skipped)
+    skipped = f"<p class=note>Not evaluated:</p><ul class=note>{skipped}</ul>" if skipped else ""
+    return _table(["plan", "step s", "peak GiB", "front", "versus this plan", "layout"], rows, {1, 2}) + skipped
+
+
+def render_html(rep: Report, *, max_bars: int = MAX_BARS) -> str:
+    """The whole page as one string (works offline: plotly.js is embedded once)."""
+    plotly_go()
+    gd = gantt_data(rep.timeline, max_bars=max_bars)
+    figs = [("gantt", gantt_figure(gd, step_time=rep.timeline.step_time)), ("memory", memory_figure(rep)),
+            ("time", time_figure(rep))]
+    if rep.alternatives:
+        figs.append(("pareto", pareto_figure(rep)))
+    divs = {name: _figure_html(fig, f"fig-{name}", first=i == 0) for i, (name, fig) in enumerate(figs)}
+    note = f"<p class=note>{escape(gd.note)}</p>" if gd.note else ""
+    if rep.alternatives:
+        alts = (f"<h2>Alternatives: {escape(rep.alternatives_kind)}</h2>{divs['pareto']}"
+                f"{_alternatives_table(rep)}")
+    else:
+        alts = "<h2>Alternatives</h2><p class=note>None given.</p>"
+    title = f"meshplan report: {rep.model.name} on {rep.cluster.describe()}"
+    body = (f"<h1>{escape(title)}</h1>{_summary(rep)}"
+            f"<h2>Timeline of one step</h2><p class=note>Per pipeline rank: compute (forward, backward), sends to "
+            f"the neighbouring ranks and the data-parallel gradient reduction after the last backward.</p>"
+            f"{note}{divs['gantt']}"
+            f"<h2>Memory per GPU</h2>{divs['memory']}{_memory_table(rep)}"
+            f"<h2>Time breakdown</h2>{divs['time']}{_time_table(rep)}{alts}")
+    return (f"<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><title>{escape(title)}</title>"
+            f"<meta name=viewport content='width=device-width, initial-scale=1'><style>{CSS}</style></head>"
+            f"<body>{body}</body></html>\n")
