@@ -38,14 +38,16 @@ class Meshes:
     """All axes."""
     plan: Plan
     """The plan the mesh was built for."""
+    flat: dict[str, DeviceMesh]
+    """Flattened 1-D meshes ``dp``, ``dp_shard_cp`` and ``dp_cp``, kept as _flatten returned them."""
 
     def axis(self, name: str) -> DeviceMesh:
         """A 1-D sub-mesh: one of MESH_AXES, or a flattened ``dp`` / ``dp_shard_cp`` / ``dp_cp``."""
-        return self.world[name]
+        return self.flat[name] if name in self.flat else self.world[name]
 
     def rank_in(self, name: str) -> int:
         """This rank's coordinate along an axis (flattened axes included)."""
-        return self.world[name].get_local_rank()
+        return self.axis(name).get_local_rank()
 
     @property
     def fsdp(self) -> DeviceMesh | None:
@@ -54,7 +56,7 @@ class Meshes:
             return None
         if self.plan.dp_replicate > 1:
             return self.world["dp_replicate", "dp_shard_cp"]  # the HSDP (replicate, shard) form
-        return self.world["dp_shard_cp"]
+        return self.flat["dp_shard_cp"]
 
     @property
     def tp(self) -> DeviceMesh | None:
@@ -66,10 +68,11 @@ def build_meshes(plan: Plan, device_type: str) -> Meshes:
     """init_device_mesh in the plan's rank order, then flatten the data/context axes FSDP and the loss need."""
     names, sizes = mesh_layout(plan)
     world = init_device_mesh(device_type, sizes, mesh_dim_names=names)
-    for flat, parts in (("dp", ("dp_replicate", "dp_shard")), ("dp_shard_cp", ("dp_shard", "cp")),
+    flat = {}
+    for name, parts in (("dp", ("dp_replicate", "dp_shard")), ("dp_shard_cp", ("dp_shard", "cp")),
                         ("dp_cp", ("dp_replicate", "dp_shard", "cp"))):
-        world[tuple(sorted(parts, key=names.index))]._flatten(flat)
-    return Meshes(world=world, plan=plan)
+        flat[name] = world[tuple(sorted(parts, key=names.index))]._flatten(name)
+    return Meshes(world=world, plan=plan, flat=flat)
 
 
 def device_for(local_rank: int) -> torch.device:
