@@ -14,8 +14,9 @@ SAME_TIME = 0.005
 """Step times within 0.5 % count as equal (below the cost model's resolution)."""
 SAME_MEMORY = 0.05 * GIB
 """Peak memories within 0.05 GiB count as equal."""
-COMM_LABELS = {"tp_comm": "TP communication", "cp_comm": "CP communication", "ep_comm": "EP all-to-all",
-               "pp_comm": "pipeline sends", "dp_comm": "DP/ZeRO communication"}
+BUBBLE_HINT = 0.05
+"""Bubble share of the step above which the report suggests how to shrink it."""
+ZERO_BUBBLE = ("zb_h1", "zbv", "dualpipev")
 
 
 def gib(x: float) -> str:
@@ -85,8 +86,10 @@ def _bubble_sentence(rep: Report) -> str:
     plan, est = rep.plan, rep.estimate
     text = (f"pipeline bubble: {est.time.bubble:.3f} s ({100 * est.bubble_fraction:.1f} % of the step) with "
             f"{plan.n_micro} micro-batches over {plan.pp} stages ({plan.schedule_name})")
-    if est.bubble_fraction > 0.05:
-        text += "; more micro-batches per step or an interleaved / zero-bubble schedule would shrink it"
+    if est.bubble_fraction > BUBBLE_HINT:
+        other = ("" if plan.schedule_name in ZERO_BUBBLE else " or a zero-bubble schedule (zb_h1, zbv)"
+                 if plan.vpp > 1 else " or an interleaved / zero-bubble schedule")
+        text += f"; more micro-batches per step{other} would shrink it"
     return text
 
 

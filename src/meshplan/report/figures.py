@@ -16,6 +16,12 @@ FONT = "system-ui, -apple-system, 'Segoe UI', sans-serif"
 """Local fonts only: the page must not fetch anything."""
 
 
+PARETO_GROUPS = (("this plan", "star", "#E45756", 16), ("better", "circle", "#54A24B", 10),
+                 ("trade-off", "circle", "#F58518", 10), ("loses", "circle", "#4C78A8", 10),
+                 ("same", "circle", "#4C78A8", 10), ("does not fit", "x", "#888888", 10))
+"""(status, marker symbol, color, size) of each group of points in the Pareto chart."""
+
+
 def plotly_go():
     """``plotly.graph_objects``, or a one-line MeshplanError saying how to install it."""
     try:
@@ -30,12 +36,12 @@ def _layout(go, title: str, height: int) -> "go.Layout":
                      margin={"l": 110, "r": 30, "t": 50, "b": 50}, legend={"orientation": "h", "y": -0.12})
 
 
-def gantt_figure(data: GanttData, *, step_time: float):
+def gantt_figure(data: GanttData, *, title: str):
     """Horizontal bars per lane, one trace per action kind (aggregates first, so details draw on top)."""
     go = plotly_go()
     kinds = sorted({b.kind for b in data.bars}, key=lambda k: (k != "AGG", list(KIND_COLORS).index(k)
                                                              if k in KIND_COLORS else 99))
-    fig = go.Figure(layout=_layout(go, f"One simulated step: {step_time:.3f} s",
+    fig = go.Figure(layout=_layout(go, title,
                                    height=140 + 20 * len(data.lanes)))
     for kind in kinds:
         bars = [b for b in data.bars if b.kind == kind]
@@ -90,30 +96,38 @@ def time_figure(rep: Report):
     return fig
 
 
+def chart_top(rep: Report) -> float:
+    """Top of the memory axis (bytes): room above the limit and every fitting plan; plans above it are drawn
+    on the edge (a 400 GiB outlier would otherwise flatten the front)."""
+    fitting = [mem for _, _, mem in rep.points() if mem <= rep.limit]
+    return 1.25 * max([rep.limit] + fitting)
+
+
 def pareto_figure(rep: Report):
     """Step time vs peak memory of the plan and its alternatives; the Pareto front joined by a line."""
     go = plotly_go()
     pts = rep.points()
+    top = chart_top(rep)
     status = ["this plan"] + [c.status for c in comparisons(rep)]
     layouts = [layout_text(rep.plan)] + [layout_text(a.plan) for a in rep.alternatives]
     fig = go.Figure(layout=_layout(go, f"Step time vs peak memory ({rep.alternatives_kind})", height=480))
     front = [pts[i] for i in rep.pareto]
     fig.add_trace(go.Scatter(name="Pareto front", x=[p[1] for p in front], y=[p[2] / GIB for p in front],
                              mode="lines", line={"color": "#54A24B", "dash": "dot"}, hoverinfo="skip"))
-    groups = (("this plan", "star", "#E45756", 16), ("better", "circle", "#54A24B", 10),
-              ("trade-off", "circle", "#F58518", 10), ("loses", "circle", "#4C78A8", 10),
-              ("same", "circle", "#4C78A8", 10), ("does not fit", "x", "#888888", 10))
-    for name, symbol, color, size in groups:
+    for name, symbol, color, size in PARETO_GROUPS:
         idx = [i for i, s in enumerate(status) if s == name]
         if not idx:
             continue
         fig.add_trace(go.Scatter(
-            name=name, x=[pts[i][1] for i in idx], y=[pts[i][2] / GIB for i in idx], mode="markers",
-            marker={"symbol": symbol, "color": color, "size": size},
-            customdata=[f"{pts[i][0]}{' (Pareto)' if i in rep.pareto else ''}<br>{layouts[i]}" for i in idx],
-            hovertemplate="%{customdata}<br>%{x:.3f} s, %{y:.1f} GiB<extra></extra>"))
+            name=name, x=[pts[i][1] for i in idx], y=[min(pts[i][2], top) / GIB for i in idx], mode="markers",
+            marker={"symbol": [symbol if pts[i][2] <= top else "triangle-up" for i in idx], "color": color,
+                    "size": size},
+            customdata=[f"{pts[i][0]}{' (Pareto)' if i in rep.pareto else ''}<br>{layouts[i]}<br>"
+                        f"{pts[i][1]:.3f} s, {pts[i][2] / GIB:.1f} GiB" for i in idx],
+            hovertemplate="%{customdata}<extra></extra>"))
     lim = rep.limit / GIB
     fig.add_hline(y=lim, line={"color": "#d62728", "dash": "dash"},
                   annotation_text=f"{'limit' if rep.memory_limit is not None else 'capacity'} {lim:.1f} GiB")
-    fig.update_layout(xaxis_title="step time (s)", yaxis_title="peak memory per GPU (GiB)")
+    fig.update_layout(xaxis_title="step time (s)", yaxis_title="peak memory per GPU (GiB)",
+                      yaxis_range=[0, top / GIB])
     return fig

@@ -110,6 +110,10 @@ def _merge(spans: list[Span], tol: float) -> list[Bar]:
     return out
 
 
+def _span_text(lo: int, hi: int) -> str:
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
 def gantt_data(timeline: Timeline, *, max_bars: int = MAX_BARS) -> GanttData:
     """Bars of every rank's spans; past ``max_bars`` the middle micro-batches are merged per lane."""
     spans = [s for r in range(len(timeline.busy)) for s in timeline.spans(r)]
@@ -123,7 +127,8 @@ def gantt_data(timeline: Timeline, *, max_bars: int = MAX_BARS) -> GanttData:
     merged = _merge(middle, timeline.step_time / PIXELS)
     if len(keep) + len(merged) > max_bars:
         merged = _merge(middle, float("inf"))
-    note = (f"{len(spans):,} simulated actions: micro-batches 0-{k - 1} and {n_micro - k}-{n_micro - 1} are drawn "
+    note = (f"{len(spans):,} simulated actions: micro-batches {_span_text(0, k - 1)} and "
+            f"{_span_text(n_micro - k, n_micro - 1)} are drawn "
             f"in detail, the {len(middle):,} actions of the steady state in between are merged into "
             f"{len(merged):,} grey bars") if k else (
             f"{len(spans):,} simulated actions merged into {len(merged):,} grey bars")

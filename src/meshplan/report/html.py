@@ -72,7 +72,10 @@ def render_html(rep: Report, *, max_bars: int = MAX_BARS) -> str:
     """The whole page as one string (works offline: plotly.js is embedded once)."""
     plotly_go()
     gd = gantt_data(rep.timeline, max_bars=max_bars)
-    figs = [("gantt", gantt_figure(gd, step_time=rep.timeline.step_time)), ("memory", memory_figure(rep)),
+    tl = rep.timeline
+    gantt_title = (f"Simulated pipeline {tl.pipeline_time:.3f} s, with the gradient reduction tail "
+                   f"{tl.step_time:.3f} s (optimizer and overhead follow)")
+    figs = [("gantt", gantt_figure(gd, title=gantt_title)), ("memory", memory_figure(rep)),
             ("time", time_figure(rep))]
     if rep.alternatives:
         figs.append(("pareto", pareto_figure(rep)))

@@ -1,0 +1,33 @@
+"""``meshplan explain PLAN``: the report as terminal text (layout, figures, where the time goes, what limits the
+plan, memory per stage, the simulated step, and why each alternative loses)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``explain`` command."""
+
+    @app.command("explain")
+    def explain(
+        plan_file: str = typer.Argument(..., help="Plan file (TOML, as written by meshplan plan)."),
+        model: str = typer.Option("", "--model", help="Model (catalog name or file); overrides the plan file's."),
+        gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 256xh100-sxm; overrides the plan file's."),
+        cluster: str = typer.Option("", "--cluster", help="Cluster TOML file."),
+        variants: bool = typer.Option(True, "--variants/--no-variants",
+                                      help="Compare with variants of the plan (recompute, micro-batch, ZeRO, "
+                                           "schedule)."),
+        max_memory_fraction: Optional[float] = typer.Option(
+            None, "--max-memory-fraction", help="Judge fit against a memory limit (share of device memory)."),
+        width: int = typer.Option(100, "--width", min=60, help="Text width in columns."),
+    ) -> None:
+        """Explain a plan in plain text: where the time goes, what limits it, how its variants compare."""
+        from meshplan.cli.report import load_report
+        from meshplan.report import render_text
+
+        rep = load_report(plan_file, model_ref=model, gpus=gpus, cluster_file=cluster, variants=variants,
+                          max_memory_fraction=max_memory_fraction)
+        typer.echo(render_text(rep, width=width), nl=False)
