@@ -51,3 +51,14 @@ def test_sigkilled_run_resumes_to_the_same_loss(tmp_path):
     assert len(got) == 3
     assert got == losses(whole)[2:], "bit-identical continuation"
     assert abs(got[-1] - reference_losses(whole)[-1]) < TOL
+
+
+def test_expert_parallel_checkpoint_reshards_to_another_ep_degree(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    save = config(tmp_path, "save", model="tiny-moe", dp=4, ep=4, zero=3, steps=2, checkpoint_dir=str(ckpt))
+    check_ok(launch([save], nproc=4, tmp=tmp_path))
+    load = config(tmp_path, "load", model="tiny-moe", dp=2, ep=2, zero=3, steps=4, checkpoint_dir=str(ckpt),
+                  resume=True)
+    check_ok(launch([load], nproc=2, tmp=tmp_path))
+    ref = reference_losses(config(tmp_path, "ref", model="tiny-moe", steps=4))
+    assert max(abs(a - b) for a, b in zip(losses(save) + losses(load), ref)) < TOL

@@ -154,7 +154,9 @@ def _summary(rows: list[dict], cfg: RunConfig, start_step: int) -> dict:
     return {"summary": True, "steps": len(rows), "start_step": start_step,
             "first_loss": rows[0]["loss"] if rows else None, "final_loss": rows[-1]["loss"] if rows else None,
             "mean_step_time_s": mean_t, "tokens_per_s": cfg.plan.global_batch * cfg.plan.seq_len / mean_t
-            if mean_t else None, "peak_memory_bytes": max(peaks) if peaks else None, **cfg.extra}
+            if mean_t else None, "peak_memory_bytes": max(peaks) if peaks else None,
+            "compute_dtype": "bf16" if cfg.plan.precision == "bf16" and torch.cuda.is_available() else "fp32",
+            **cfg.extra}
 
 
 def run(cfg: RunConfig, device: torch.device) -> list[dict]:
