@@ -31,6 +31,7 @@ def test_two_processes_dp_fsdp_pp_cp(tmp_path):
         config(tmp_path, "zero1", dp=2, zero=1),
         config(tmp_path, "zero2_accum", dp=2, zero=2, global_batch=8, micro_batch=2, steps=2),
         config(tmp_path, "cp_ring", cp=2, recompute="selective"),
+        config(tmp_path, "gpt_fsdp", model="tiny-gpt", dp=2, zero=3),
         config(tmp_path, "pp_csv", pp=2, schedule=str(sched_csv)),
     ]
     for name in ("gpipe", "1f1b"):

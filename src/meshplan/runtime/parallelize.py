@@ -26,6 +26,8 @@ def check_runtime_support(spec: ModelSpec, plan: Plan) -> list[str]:
         out.append(f"tp={plan.tp} must divide the {att.n_kv_heads} kv heads (the runtime does not replicate kv heads)")
     if plan.tp > 1 and spec.position == "learned":
         out.append("tensor parallelism with learned position embeddings is not supported by the runtime")
+    if plan.tp > 1 and spec.tied_embeddings:
+        out.append("tensor parallelism with tied embeddings is not supported by the runtime")
     if plan.pp > 1 and spec.tied_embeddings:
         out.append("tied embeddings across pipeline stages are not supported by the runtime")
     if plan.ep > 1 and plan.dp % plan.ep:
