@@ -110,17 +110,34 @@ def _vpp(row: dict) -> int:
     return 2 if "interleav" in text and _int(row, "pp") > 1 else 1
 
 
+def _micro_batch(row: dict, titan: bool) -> int:
+    """Micro-batch size; unknown means the framework default: 1 for Megatron-family recipes, and for
+    torchtitan pipelines as many micro-batches as pipeline stages (its pipeline_parallel_microbatches
+    default), i.e. local batch / pp."""
+    if (row.get("micro_batch") or "").strip():
+        return _int(row, "micro_batch")
+    pp, local = _int(row, "pp"), _int(row, "global_batch") // max(_int(row, "dp"), 1)
+    if titan and pp > 1 and local % pp == 0:
+        return local // pp
+    return 1
+
+
 def row_plan(row: dict) -> Plan:
     """The published layout; empty cells take the framework defaults (no interleaving, micro-batch 1, no
     recompute, no ZeRO), and TP overlap only where the notes name it."""
     notes = (row.get("notes") or "").lower()
     tp = _int(row, "tp")
+    # Framework facts the schema has no column for, read from the source: torchtitan runs eager unless
+    # compiled, and its selective checkpointing is the per-op policy.
+    titan = "torchtitan" in (row.get("source") or "").lower()
+    compiled = "compile" in (row.get("id", "") + " " + notes)
     return Plan(global_batch=_int(row, "global_batch"), seq_len=_int(row, "seq_len"),
-                micro_batch=_int(row, "micro_batch", 1), tp=tp, sp=bool(_int(row, "sp", 0)) and tp > 1,
+                micro_batch=_micro_batch(row, titan), tp=tp, sp=bool(_int(row, "sp", 0)) and tp > 1,
                 cp=_int(row, "cp", 1), pp=_int(row, "pp"), vpp=_vpp(row), dp=_int(row, "dp"),
                 zero=_int(row, "zero", 0), ep=_int(row, "ep", 1), recompute=row.get("recompute") or "none",
                 precision=row.get("precision") or "bf16",
-                tp_comm_overlap=any(k in notes for k in ("tp-comm-overlap", "tp_comm_overlap", "asynctp")))
+                tp_comm_overlap=any(k in notes for k in ("tp-comm-overlap", "tp_comm_overlap", "asynctp")),
+                fused_kernels=not titan or compiled, selective_policy="op" if titan else "attention")
 
 
 def infer_recompute(row: dict, model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> Plan:

@@ -87,6 +87,14 @@ def act_bytes_per_token(layer: LayerSpec, plan: Plan, *, recompute: str) -> floa
     h_div = tp if plan.sp else 1
     if recompute == "full":
         return 2.0 * h / h_div
+    if recompute == "selective" and plan.selective_policy == "op" and layer.attention is not None \
+            and layer.moe is None and layer.attention.kind == "gqa":
+        # torchtitan per-op policy keeps the layer input, the outputs of every other matmul (q, v, fc1-gate,
+        # fc2) and the attention output with its log-sum-exp.
+        att = layer.attention
+        kept = att.n_heads * att.head_dim + att.n_kv_heads * att.head_dim + layer.ffn_hidden + \
+            att.n_heads * att.v_dim
+        return 2.0 * h / h_div + 2.0 * h / h_div + 2.0 * kept / tp + 4.0 * att.n_heads / tp
     total = 0.0
     att = layer.attention
     if att is not None:

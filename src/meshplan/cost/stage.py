@@ -139,12 +139,18 @@ def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:
     f, bi, bw = layer_compute(ops, gpu=ctx.gpu, calib=ctx.calib, dtype=plan.precision)
     fwd_gemm = sum(gemm_time(g, gpu=ctx.gpu, calib=ctx.calib, dtype=plan.precision) for g in ops.gemms)
     attn_f = f - fwd_gemm - memory_time(ops.elementwise_bytes, gpu=ctx.gpu, calib=ctx.calib)
+    attn_f = max(attn_f, 0.0)
     tp_f, tp_b = tp_comm(layer, ops, ctx, fwd_gemm=fwd_gemm, bwd_gemm=bi + bw - 2.5 * attn_f)
     cp_f, cp_b = cp_comm(layer, ops, ctx, attn_fwd=attn_f)
     mode = layer_recompute_mode(plan, index_on_rank)
     # Full recompute replays the whole forward, its TP/CP traffic included; selective replays the attention
-    # core only (Korthikanti et al. 2022, sec. 5).
-    rec = f if mode == "full" else (attn_f if mode == "selective" else 0.0)
+    # core only (Korthikanti et al. 2022, sec. 5), or under torchtitan's per-op policy every other matmul and
+    # every elementwise op (torchtitan parallelize: _save_list without every second mm).
+    ew_f = memory_time(ops.elementwise_bytes, gpu=ctx.gpu, calib=ctx.calib)
+    if mode == "selective" and plan.selective_policy == "op":
+        rec = fwd_gemm / 2 + ew_f
+    else:
+        rec = f if mode == "full" else (attn_f if mode == "selective" else 0.0)
     full = mode == "full"
     per_tok = act_bytes_per_token(layer, plan, recompute=mode)
     full_tok = act_bytes_per_token(layer, plan, recompute="none")

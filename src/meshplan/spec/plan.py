@@ -13,6 +13,7 @@ from meshplan.errors import SpecError
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 CP_KINDS = ("ring", "a2a")
+SELECTIVE_POLICIES = ("attention", "op")
 AXES = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
 
@@ -63,6 +64,11 @@ class Plan:
     """Activation recomputation: ``none``, ``selective`` (attention core) or ``full`` (whole layer)."""
     recompute_layers: int = 0
     """With ``full``: layers per pipeline rank that are recomputed; 0 = all of them."""
+    selective_policy: str = "attention"
+    """What ``selective`` recomputes: ``attention`` (Megatron: the attention core) or ``op`` (torchtitan's
+    per-op policy: every other matmul and all elementwise ops; attention outputs kept)."""
+    fused_kernels: bool = True
+    """Elementwise ops run fused (Megatron/TE kernels or torch.compile); False = eager PyTorch."""
     precision: str = "bf16"
     """Compute precision: ``bf16``, ``fp16``, ``fp32``, or ``fp8`` (linear layers only)."""
     overlap_grad_reduce: bool = True
@@ -81,7 +87,8 @@ class Plan:
         _check_int("dp_shard", self.dp_shard, 0)
         if self.zero not in (0, 1, 2, 3):
             raise SpecError("plan.zero", self.zero, "must be 0, 1, 2 or 3")
-        for name, opts in (("recompute", RECOMPUTE), ("precision", PRECISIONS), ("cp_kind", CP_KINDS)):
+        for name, opts in (("recompute", RECOMPUTE), ("precision", PRECISIONS), ("cp_kind", CP_KINDS),
+                           ("selective_policy", SELECTIVE_POLICIES)):
             if getattr(self, name) not in opts:
                 raise SpecError(f"plan.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
         order = self.rank_order.split("-")
