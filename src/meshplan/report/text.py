@@ -59,7 +59,7 @@ def _tables(rep: Report):
         t.add_column(col, justify=just)
     for k, v, share in time_shares(rep.estimate):
         name = k.replace("_", " ") + (" (inside compute)" if k == "recompute" else "")
-        t.add_row(name, f"{v:.3f}", f"{100 * share:.1f}", "#" * max(1, round(30 * share)))
+        t.add_row(name, f"{v:.3f}", f"{100 * share:.1f}", "#" * round(30 * share))
     yield t
     yield _memory_table(rep)
 
