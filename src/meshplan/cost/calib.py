@@ -66,12 +66,14 @@ def _fitted() -> dict[str, dict[str, float]]:
     return {k: v for k, v in data.items() if isinstance(v, dict)}
 
 
-def calibration_for(gpu_name: str, generation: str,
-                    table: dict[str, dict[str, float]] | None = None) -> Calibration:
+def calibration_for(gpu_name: str, generation: str, table: dict[str, dict[str, float]] | None = None,
+                    measured: tuple[tuple[str, float], ...] = ()) -> Calibration:
     """The calibration of a GPU: field defaults, overridden by the fitted table's ``default`` section, then its
-    generation's section, then a section for this GPU model (a distinct part such as a power-capped SKU)."""
+    generation's section, then a section for this GPU model (a distinct part such as a power-capped SKU), then
+    constants measured on the device itself (``meshplan calibrate``)."""
     table = _fitted() if table is None else table
-    values = {**table.get("default", {}), **table.get(generation, {}), **table.get(gpu_name, {})}
+    values = {**table.get("default", {}), **table.get(generation, {}), **table.get(gpu_name, {}),
+              **dict(measured)}
     known = {f.name for f in fields(Calibration)}
     bad = set(values) - known
     if bad:

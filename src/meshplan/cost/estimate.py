@@ -197,7 +197,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
         pool = rank_pool(cluster, plan, r)
         if id(pool) not in by_pool:
             by_pool[id(pool)] = Ctx(model=model, plan=plan, gpu=pool.gpu, links=plan_links(plan, pool),
-                                    calib=calibration_for(pool.gpu.name, pool.gpu.generation, calib))
+                                    calib=calibration_for(pool.gpu.name, pool.gpu.generation, calib,
+                                                          pool.gpu.calibration))
         ctxs.append(by_pool[id(pool)])
     costs = _per_layer(model, plan, stages, ctxs)
     times = _stage_times(model, plan, costs, ctxs, stages)

@@ -69,6 +69,9 @@ class GPUSpec:
     """Price per GPU-hour (any currency; 0 = unknown) for cost objectives."""
     source: str = ""
     """Where the figures come from."""
+    calibration: tuple[tuple[str, float], ...] = ()
+    """Calibration constants measured on this very device (``meshplan calibrate``); they override the
+    generation's fitted values."""
 
     def __post_init__(self) -> None:
         if self.generation not in GENERATIONS:

@@ -65,7 +65,8 @@ def build(cls: type, data: dict, where: str, nested: dict[str, Any] | None = Non
 
 # ---------------------------------------------------------------- GPUs
 _GPU_KEYS = {"name", "generation", "peak_tflops", "hbm_gb", "hbm_tb_s", "nvlink_gb_s", "nic_gbit_s",
-             "nvlink_domain", "gpus_per_node", "intra_latency_us", "nic_latency_us", "price_per_hour", "source"}
+             "nvlink_domain", "gpus_per_node", "intra_latency_us", "nic_latency_us", "price_per_hour", "source",
+             "calibration"}
 
 
 def gpu_from_dict(d: dict, where: str = "gpu") -> GPUSpec:
@@ -83,7 +84,18 @@ def gpu_from_dict(d: dict, where: str = "gpu") -> GPUSpec:
         nvlink_domain=int(d.get("nvlink_domain", 8)), gpus_per_node=int(d.get("gpus_per_node", 8)),
         intra_latency=float(d.get("intra_latency_us", 3.0)) * 1e-6,
         nic_latency=float(d.get("nic_latency_us", 8.0)) * 1e-6,
-        price_per_hour=float(d.get("price_per_hour", 0.0)), source=d.get("source", ""))
+        price_per_hour=float(d.get("price_per_hour", 0.0)), source=d.get("source", ""),
+        calibration=_calibration_pairs(d.get("calibration", {}), f"{where}.calibration"))
+
+
+def _calibration_pairs(d: dict, where: str) -> tuple[tuple[str, float], ...]:
+    """A GPU file's measured calibration constants, checked against the known names."""
+    from dataclasses import fields as dc_fields
+
+    from meshplan.cost.calib import Calibration
+
+    check_keys(where, d, {f.name for f in dc_fields(Calibration)})
+    return tuple(sorted((k, float(v)) for k, v in d.items()))
 
 
 def gpu_to_dict(g: GPUSpec) -> dict:
@@ -93,7 +105,8 @@ def gpu_to_dict(g: GPUSpec) -> dict:
             "hbm_tb_s": g.hbm_bandwidth / 1e12, "nvlink_gb_s": g.intra_bandwidth * 2 / 1e9,
             "nic_gbit_s": g.nic_bandwidth * 8 / 1e9, "nvlink_domain": g.nvlink_domain,
             "gpus_per_node": g.gpus_per_node, "intra_latency_us": g.intra_latency * 1e6,
-            "nic_latency_us": g.nic_latency * 1e6, "price_per_hour": g.price_per_hour, "source": g.source}
+            "nic_latency_us": g.nic_latency * 1e6, "price_per_hour": g.price_per_hour, "source": g.source,
+            **({"calibration": dict(g.calibration)} if g.calibration else {})}
 
 
 # ---------------------------------------------------------------- models

@@ -1,0 +1,37 @@
+"""``meshplan demo``: the main job on an embedded default — plan GPT-3 175B on 1024 A100-80GB and explain the
+choice, next to the layout Megatron-LM published for it."""
+
+from __future__ import annotations
+
+import typer
+
+# The embedded default: GPT-3 175B as Narayanan et al. 2021 trained it (Table 1 family: 1024 A100-80GB,
+# global batch 1536, sequence 2048, fp16 -> bf16 here).
+DEFAULT_MODEL = "gpt3-175b"
+DEFAULT_GPUS = "1024xa100-80gb"
+DEFAULT_BATCH = 1536
+DEFAULT_SEQ = 2048
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``demo`` command."""
+
+    @app.command()
+    def demo(
+        model: str = typer.Option(DEFAULT_MODEL, "--model", help="Catalog model to plan."),
+        gpus: str = typer.Option(DEFAULT_GPUS, "--gpus", help="Cluster shorthand."),
+        global_batch: int = typer.Option(DEFAULT_BATCH, "--global-batch"),
+        seq_len: int = typer.Option(DEFAULT_SEQ, "--seq-len"),
+    ) -> None:
+        """Plan a known model on a known cluster (no arguments needed) and explain the winner."""
+        from meshplan import catalog
+        from meshplan.search import SearchRequest, render_text, search
+
+        mdl, clu = catalog.model(model), catalog.cluster(gpus)
+        typer.echo(f"Planning {mdl.name} ({mdl.n_layers} layers) on {clu.describe()}: global batch "
+                   f"{global_batch} x {seq_len} tokens, bf16, peak memory under 80 % of each GPU.\n")
+        result = search(mdl, clu, SearchRequest(global_batch=global_batch, seq_len=seq_len))
+        typer.echo(render_text(result))
+        typer.echo("Next: `meshplan plan ... --out plan.toml`, then `meshplan export plan.toml --to megatron`, "
+                   "`meshplan report plan.toml -o report.html`, `meshplan validate "
+                   "../shared/validation/runs_visible.csv`.")
