@@ -64,12 +64,17 @@ class ValidationReport:
                 "max_ape_pct": self.max_ape, "skipped": [{"id": i, "reason": why} for i, why in self.skipped]}
 
 
-def validate_csv(path: str | Path, *, calib: dict | None = None) -> ValidationReport:
-    """Predict every expressible row of a runs CSV."""
+def validate_csv(path: str | Path, *, calib: dict | None = None, simulate: bool = False) -> ValidationReport:
+    """Predict every expressible row of a runs CSV (pipelines by closed form, or by the event simulator)."""
     runs, skipped = load_runs(path)
+    pipeline = None
+    if simulate:
+        from meshplan.sim.adapter import simulated_pipeline
+
+        pipeline = simulated_pipeline()
     rows = []
     for r in runs:
-        est = estimate(r.model, r.cluster, r.plan, calib=calib)
+        est = estimate(r.model, r.cluster, r.plan, calib=calib, pipeline=pipeline)
         rows.append(RowResult(id=r.id, measured_s=r.measured_s, predicted_s=est.step_time,
                               peak_memory_gib=est.peak_memory / 2**30))
     return ValidationReport(rows=tuple(rows), skipped=tuple(skipped))

@@ -39,15 +39,9 @@ def build_plan(base: Plan | None, flags: dict, n_gpus: int) -> Plan:
 
 def sim_pipeline(schedule_obj=None):
     """A pipeline-time function backed by the event simulator (custom schedules, uneven stages)."""
-    from meshplan.cost.pipeline import PipelineTime
-    from meshplan.sim import simulate
+    from meshplan.sim.adapter import simulated_pipeline
 
-    def run(name, times, *, pp, vpp, n_micro):
-        tl = simulate(schedule_obj or name, times, pp=pp, vpp=vpp, n_micro=n_micro)
-        busy = max(tl.busy)
-        return PipelineTime(step=tl.pipeline_time, busy=busy, bubble=tl.pipeline_time - busy, p2p=0.0)
-
-    return run
+    return simulated_pipeline(schedule_obj)
 
 
 def render(est, model, cluster, plan) -> str:

@@ -38,11 +38,12 @@ def register(app: typer.Typer) -> None:
     def validate(
         csv_file: str = typer.Argument(..., help="Runs CSV in the schema of shared/validation/runs_visible.csv."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        simulate: bool = typer.Option(False, "--simulate", help="Pipelines by the event simulator."),
     ) -> None:
         """Predict every row of a published-runs CSV and report signed errors, MAPE, median and max."""
         from meshplan.calibrate.validate import validate_csv
 
-        report = validate_csv(csv_file)
+        report = validate_csv(csv_file, simulate=simulate)
         if as_json:
             print_json(report.as_dict())
         else:
