@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from sim_helpers import uniform
@@ -95,6 +96,18 @@ def test_alternative_over_the_limit_does_not_fit_and_leaves_the_front(rep):
     assert c.text.startswith(f"needs {fast_big.peak_memory / GIB:.1f} GiB, over the {limit / GIB:.1f} GiB limit")
     assert r.pareto == (0, 2)   # this plan (fastest that fits), then the leaner slow one
     assert r.limit == limit
+
+
+def test_an_alternative_that_fits_beats_a_plan_that_does_not(rep):
+    base = rep.estimate
+    lean = _shifted(base, time=1.2, extra_gib=-4.0)
+    r = build_report(rep.model, rep.cluster, rep.plan, base, rep.timeline, memory_limit=base.peak_memory - 1 * GIB,
+                     alternatives=[("lean", rep.plan, lean)])
+    c = compare(r, 0)
+    assert (c.status, c.text) == ("better", "fits where this plan does not; slower by 20.0 %; needs 4.0 GiB less")
+    assert r.pareto == (1,)
+    assert limiters(r)[-1].startswith(f"DOES NOT FIT: needs {base.peak_memory / GIB:.1f} GiB, 1.0 GiB over the "
+                                      "planner's limit")
 
 
 # ---------------------------------------------------------------- analysis
@@ -237,3 +250,40 @@ def test_missing_plotly_is_one_clear_error(monkeypatch, rep):
     monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
     with pytest.raises(MeshplanError, match=r"^the HTML report needs plotly: pip install 'meshplan\[report\]'$"):
         render_html(rep)
+
+
+# ---------------------------------------------------------------- plan-search results and published plans
+
+def test_from_search_uses_the_runners_up_and_the_memory_limit(rep):
+    from types import SimpleNamespace
+
+    from meshplan.report import SEARCH_KIND, from_search
+
+    full = next(a for a in rep.alternatives if a.label == "recompute=full")
+    ranked = [SimpleNamespace(plan=rep.plan, best=rep.estimate, cluster=rep.cluster),
+              SimpleNamespace(plan=full.plan, best=full.estimate, cluster=rep.cluster)]
+    result = SimpleNamespace(model=rep.model, plans=ranked, request=SimpleNamespace(max_memory_fraction=0.8))
+    r = from_search(result, timeline=rep.timeline)
+    assert r.alternatives_kind == SEARCH_KIND
+    assert [(a.label, a.plan) for a in r.alternatives] == [("#2", full.plan)]
+    assert r.memory_limit == pytest.approx(0.8 * rep.estimate.capacity)
+    assert r.pareto == (0, 1) and compare(r, 0).status == "trade-off"
+
+
+GOLDEN = sorted((Path(__file__).resolve().parent.parent / "golden" / "plans").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=[p.stem for p in GOLDEN])
+def test_published_plans_make_bounded_reports(path):
+    """Up to 32k simulated actions: the Gantt stays under MAX_BARS and the page near plotly.js's own size."""
+    pytest.importorskip("plotly")
+    from meshplan.cli.report import load_report
+    from meshplan.report import render_html, render_text
+    from meshplan.report.gantt import MAX_BARS
+
+    r = load_report(str(path), variants=False)
+    g = gantt_data(r.timeline)
+    assert len(g.bars) <= MAX_BARS
+    assert (g.note == "") == (g.n_spans <= MAX_BARS)
+    assert len(render_html(r).encode()) < 6 * 2**20
+    assert f"{r.estimate.step_time:.3f} s" in render_text(r)

@@ -14,6 +14,11 @@ SAME_TIME = 0.005
 """Step times within 0.5 % count as equal (below the cost model's resolution)."""
 SAME_MEMORY = 0.05 * GIB
 """Peak memories within 0.05 GiB count as equal."""
+COMPONENT_NAMES = {"compute": "compute", "recompute": "recompute (inside compute)", "bubble": "pipeline bubble",
+                   "tp_comm": "TP communication", "cp_comm": "CP communication", "ep_comm": "EP all-to-all",
+                   "pp_comm": "pipeline sends", "dp_comm": "DP/ZeRO communication", "optimizer": "optimizer step",
+                   "overhead": "fixed overhead"}
+"""Readable name of each TimeBreakdown field."""
 BUBBLE_HINT = 0.05
 """Bubble share of the step above which the report suggests how to shrink it."""
 ZERO_BUBBLE = ("zb_h1", "zbv", "dualpipev")
@@ -56,6 +61,11 @@ def time_shares(est: Estimate) -> list[tuple[str, float, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
+def component_name(field: str) -> str:
+    """Readable name of a TimeBreakdown field."""
+    return COMPONENT_NAMES.get(field, field.replace("_", " "))
+
+
 def largest_exposed(est: Estimate) -> tuple[str, float] | None:
     """The largest component on the critical path that is not useful compute (None if there is none)."""
     rows = [(k, v) for k, v, _ in time_shares(est) if k not in ("compute", "recompute")]
@@ -68,7 +78,7 @@ def limiters(rep: Report) -> list[str]:
     out = [f"compute is {100 * est.time.compute / step:.1f} % of the step (MFU {100 * est.mfu:.1f} %)"]
     top = largest_exposed(est)
     if top:
-        out.append(f"largest exposed overhead: {top[0].replace('_', ' ')} {top[1]:.3f} s "
+        out.append(f"largest exposed overhead: {component_name(top[0])} {top[1]:.3f} s "
                    f"({100 * top[1] / step:.1f} % of the step)")
     if rep.plan.pp > 1:
         out.append(_bubble_sentence(rep))
@@ -152,7 +162,9 @@ def compare(rep: Report, index: int) -> Comparison:
     fits = other.peak_memory <= rep.limit
     status = _status(dt, dm, fits)
     text = f"{t_txt}; {m_txt}"
-    if not fits:
+    if fits and base.peak_memory > rep.limit:
+        status, text = "better", f"fits where this plan does not; {text}"
+    elif not fits:
         text = f"needs {gib(other.peak_memory)} GiB, over the {gib(rep.limit)} GiB limit; {t_txt}"
     return Comparison(label=alt.label, status=status, time_delta=dt, memory_delta=dm, text=text)
 

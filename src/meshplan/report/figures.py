@@ -4,7 +4,7 @@ the step-time/memory Pareto front. plotly is imported lazily (the ``report`` ext
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.report.analysis import GIB, comparisons, layout_text, time_shares
+from meshplan.report.analysis import GIB, comparisons, component_name, layout_text, time_shares
 from meshplan.report.data import Report
 from meshplan.report.gantt import KIND_NAMES, GanttData
 
@@ -85,7 +85,7 @@ def time_figure(rep: Report):
     """Components of the step time (s), largest first; recompute is shown apart as it sits inside compute."""
     go = plotly_go()
     rows = list(reversed(time_shares(rep.estimate)))
-    names = [k.replace("_", " ") + (" (inside compute)" if k == "recompute" else "") for k, _, _ in rows]
+    names = [component_name(k) for k, _, _ in rows]
     colors = ["#BAB0AC" if k == "recompute" else "#4C78A8" if k == "compute" else "#E45756" for k, _, _ in rows]
     fig = go.Figure(layout=_layout(go, f"Where the {rep.estimate.step_time:.3f} s step goes",
                                    height=120 + 30 * len(rows)))

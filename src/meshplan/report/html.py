@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from meshplan.report.analysis import comparisons, gib, headline, layout_text, limiters, time_shares
+from meshplan.report.analysis import comparisons, component_name, gib, headline, layout_text, limiters, time_shares
 from meshplan.report.data import Report
 from meshplan.report.figures import gantt_figure, memory_figure, pareto_figure, plotly_go, time_figure
 from meshplan.report.gantt import MAX_BARS, gantt_data
@@ -51,7 +51,7 @@ def _memory_table(rep: Report) -> str:
 
 
 def _time_table(rep: Report) -> str:
-    rows = [[k.replace("_", " ") + (" (inside compute)" if k == "recompute" else ""), f"{v:.4f}",
+    rows = [[component_name(k), f"{v:.4f}",
              f"{100 * s:.1f}"] for k, v, s in time_shares(rep.estimate)]
     return _table(["component", "s", "% of step"], rows, {1, 2})
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 from io import StringIO
 
-from meshplan.report.analysis import comparisons, gib, headline, layout_text, limiters, time_shares
+from meshplan.report.analysis import comparisons, component_name, gib, headline, layout_text, limiters, time_shares
 from meshplan.report.data import Report
 from meshplan.sim.timeline import Timeline
 
@@ -58,8 +58,7 @@ def _tables(rep: Report):
     for col, just in (("component", "left"), ("s", "right"), ("%", "right"), ("", "left")):
         t.add_column(col, justify=just)
     for k, v, share in time_shares(rep.estimate):
-        name = k.replace("_", " ") + (" (inside compute)" if k == "recompute" else "")
-        t.add_row(name, f"{v:.3f}", f"{100 * share:.1f}", "#" * round(30 * share))
+        t.add_row(component_name(k), f"{v:.3f}", f"{100 * share:.1f}", "#" * round(30 * share))
     yield t
     yield _memory_table(rep)
 
