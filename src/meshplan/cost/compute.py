@@ -32,9 +32,9 @@ def gemm_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float
     b = DTYPE_BYTES[use]
     t_memory = g.count * b * (g.m * g.k + g.k * g.n + g.m * g.n) / (gpu.hbm_bandwidth * calib.mem_eff)
     t = max(t_compute, t_memory, g.count * calib.launch_s)
-    if use == "fp8":
-        # Each fp8 GEMM first casts its 16-bit left operand to fp8 (read 2 bytes, write 1; Transformer
-        # Engine's cast/transpose kernels, or torchao's dynamic scaling), a memory-bound pass.
+    if use == "fp8" and g.cast_pass:
+        # An unfused fp8 GEMM first casts its 16-bit left operand to fp8 (read 2 bytes, write 1; torchao's
+        # dynamic scaling in eager mode), a memory-bound pass.
         t += g.count * 3.0 * g.m * g.k / (gpu.hbm_bandwidth * calib.mem_eff)
     return t
 

@@ -7,7 +7,7 @@ of the same FLOPs: input gradient (M x K x N) and weight gradient (K x N x M) (N
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshplan.spec.model import AttentionSpec, LayerSpec
 from meshplan.spec.plan import Plan
@@ -31,6 +31,9 @@ class Gemm:
     """A weight GEMM (runs in fp8 under fp8 precision); False for activation-activation products."""
     grouped: bool = False
     """A routed-expert GEMM (grouped GEMM after token permutation)."""
+    cast_pass: bool = False
+    """Under fp8, the 16-bit input is cast by a kernel of its own (eager torchao); False when the cast is fused
+    into the producing kernel (Transformer Engine's LayerNormLinear / fused activation, or torch.compile)."""
 
     @property
     def flops(self) -> float:
@@ -144,5 +147,7 @@ def layer_ops(layer: LayerSpec, *, tokens: int, plan: Plan, seq: int = 0, dtype_
     if layer.in_hidden and layer.in_hidden != layer.hidden:
         gemms.append(Gemm(name="in_proj", m=tokens, n=layer.hidden // tp, k=layer.in_hidden))
     gemms += moe_gemms(layer, tokens=tokens, plan=plan) if layer.moe else mlp_gemms(layer, tokens=tokens, tp=tp)
+    if not plan.fused_kernels:
+        gemms = [replace(g, cast_pass=True) for g in gemms]
     return LayerOps(gemms=tuple(gemms), attn_flops=attn, tokens=tokens,
                     elementwise_bytes=elementwise_bytes(layer, tokens=tokens, plan=plan, dtype_bytes=dtype_bytes))
