@@ -7,12 +7,14 @@ Both bounds hold for any layer split, so search can discard a leaf before runnin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 from meshplan.cost.calib import calibration_for
 from meshplan.cost.comm import collective_time, plan_links
-from meshplan.cost.pipeline import V_SHAPED, closed_form
+from meshplan.cost.dp import DPCost, dp_cost
+from meshplan.cost.pipeline import V_SHAPED, closed_form, inflight_microbatches, stage_rank
 from meshplan.cost.result import StageTimes
 from meshplan.cost.memory import bytes_per_param, layer_params, reserved_bytes
 from meshplan.cost.stage import Ctx, head_cost, layer_cost, tokens_of
@@ -35,6 +37,8 @@ class BlockCost:
     """Extra backward time under selective recompute (s)."""
     act: dict
     """Activation bytes kept for backward by recompute mode."""
+    fwd: float
+    """Forward part of work (s)."""
     share: float
     """Lower bound of a rank's zero-bubble fill per unit of work: max(F + I - W, I) / (F + I + W)."""
     dense: float
@@ -53,6 +57,10 @@ class LayerTable:
     """Output head forward + backward on the last stage (s)."""
     emb: float
     """Embedding (and separate output head) parameters per rank, summed."""
+    fwd: float
+    """Forward time of all layers and the head per micro-batch (s)."""
+    bwd: float
+    """Backward time of all layers and the head per micro-batch (s)."""
     opt_s_per_param: float
     """Optimizer step time per locally owned parameter (s)."""
     overhead: float
@@ -87,7 +95,7 @@ def layer_table(model: ModelSpec, pool: Pool, plan: Plan, *, calib=None) -> Laye
     links = plan_links(plan, pool)
     ctxs = {mode: Ctx(model=model, plan=plan.with_(recompute=mode, recompute_layers=0), gpu=pool.gpu, links=links,
                       calib=cal) for mode in ("none", "selective", "full")}
-    blocks = []
+    blocks, fwd, bwd = [], 0.0, 0.0
     for b in model.blocks:
         costs = {mode: layer_cost(b, ctx, index_on_rank=0) for mode, ctx in ctxs.items()}
         base = costs["none"]
@@ -100,13 +108,15 @@ def layer_table(model: ModelSpec, pool: Pool, plan: Plan, *, calib=None) -> Laye
         f = base.fwd + base.tp_f + base.cp_f + base.ep_f
         i = base.bwd_input + base.tp_b + base.cp_b + base.ep_b
         share = max(f + i - base.bwd_weight, i) / max(work, 1e-30)
-        blocks.append(BlockCost(n_layers=b.n_layers, work=work, full_extra=full_extra, share=share,
+        fwd += f * b.n_layers
+        bwd += (work - f) * b.n_layers
+        blocks.append(BlockCost(n_layers=b.n_layers, work=work, full_extra=full_extra, share=share, fwd=f,
                                 sel_extra=costs["selective"].bwd_input - base.bwd_input,
                                 act={m: c.act_bytes for m, c in costs.items()}, dense=d / plan.tp,
                                 expert=e / (plan.ep * plan.etp)))
     hf, hb = head_cost(model, ctxs["none"])
     emb = model.vocab * model.hidden / plan.tp * (1 if model.tied_embeddings else 2)
-    return LayerTable(blocks=tuple(blocks), head=hf + hb, emb=emb,
+    return LayerTable(blocks=tuple(blocks), head=hf + hb, emb=emb, fwd=fwd + hf, bwd=bwd + hb,
                       opt_s_per_param=30.0 / (pool.gpu.hbm_bandwidth * cal.mem_eff), overhead=cal.step_overhead_s,
                       reserved=reserved_bytes(pool.gpu.generation))
 
@@ -166,21 +176,51 @@ def expert_shard(plan: Plan) -> int:
     return max(1, edp * plan.shard_group // plan.dp) if plan.zero else 1
 
 
-def time_lower_bound(table: LayerTable, plan: Plan, *, p2p: float = 0.0) -> float:
-    """Step time can be no less than the pipeline bound on the average rank's work, plus the average rank's
-    optimizer step (memory-bound, linear in owned parameters) and the fixed overhead (s)."""
+def time_lower_bound(table: LayerTable, plan: Plan, *, p2p: float = 0.0, extra_work: float = 0.0,
+                     dp: DPCost | None = None, pipe_floor: float = 0.0) -> float:
+    """Step time can be no less than the pipeline bound on the average rank's work (plus ``extra_work`` per
+    micro-batch summed over ranks, e.g. forced recompute), the exposed sends, the data-parallel cost when it
+    is exact (one pipeline rank), the average rank's optimizer step (memory-bound, linear in owned
+    parameters) and the fixed overhead (s). ``pipe_floor``: a tighter pipeline bound known for the split
+    (``even_pipeline_bound``; it must already include any data-parallel tail it claims)."""
+    # Recompute lengthens the backward, which hides more data-parallel traffic, but never by more than it adds.
+    micro = dp.per_micro_fwd + dp.per_micro_bwd if dp is not None else 0.0
+    work = table.work + (max(extra_work, micro) if extra_work > 0 else micro)
+    if dp is not None and extra_work == 0:
+        p2p += dp.per_step
     pipe = pipeline_factor(plan.schedule_name if plan.pp > 1 else "", pp=plan.pp, vpp=plan.vpp,
-                           n_micro=plan.n_micro, share=table.share) * table.work / plan.pp + p2p
+                           n_micro=plan.n_micro, share=table.share) * work / plan.pp
+    pipe = max(pipe, pipe_floor) + p2p
     dense, expert = _local_params(table, plan)
     eshard = max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1) if plan.zero >= 1 else 1
     owned = dense / plan.zero_group + expert / eshard
     return pipe + owned * table.opt_s_per_param + table.overhead
 
 
-def memory_lower_bound(table: LayerTable, plan: Plan) -> float:
-    """Weights, gradients and optimizer states of the average rank after ZeRO sharding plus the CUDA context
-    (bytes); activations are left out (full recompute can shrink them far), so the bound holds for every
-    recompute mode and split. Mirrors ``meshplan.cost.estimate._rank_memory``."""
+def memory_lower_bound(table: LayerTable, plan: Plan, *, mode: str = "full") -> float:
+    """Peak memory bound of the worst rank under recompute ``mode`` for every split (bytes). Static part:
+    weights, gradients and optimizer states of the average rank after ZeRO sharding plus the CUDA context
+    (mirrors ``meshplan.cost.estimate._rank_memory``). With activations A (all layers, one micro-batch) and
+    in-flight counts i_r, weighting rank r by 1/i_r gives max_r (S_r + i_r A_r) >= (sum S / i_max + A) /
+    sum_r 1/i_r."""
+    static = _static_avg(table, plan)
+    act = sum(b.act[mode] * b.n_layers for b in table.blocks)
+    i_max, inv_sum = inflight_stats(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
+    water = ((static - table.reserved) * plan.pp / i_max + act) / inv_sum
+    return max(static, water + table.reserved)
+
+
+@lru_cache(maxsize=8192)
+def inflight_stats(schedule: str, *, pp: int, vpp: int, n_micro: int) -> tuple[float, float]:
+    """(max_r i_r, sum_r 1/i_r) of the in-flight micro-batches per rank (``inflight_microbatches``)."""
+    if pp == 1:
+        return 1.0, 1.0
+    ins = [max(inflight_microbatches(schedule, pp=pp, vpp=vpp, n_micro=n_micro, rank=r), 1e-9) for r in range(pp)]
+    return max(ins), sum(1 / i for i in ins)
+
+
+def _static_avg(table: LayerTable, plan: Plan) -> float:
+    """Weights, gradients, optimizer states and context of the average rank (bytes)."""
     dense, expert = _local_params(table, plan)
     w, g, o = bytes_per_param(plan)
     shard, eshard = plan.zero_group, expert_shard(plan)
@@ -193,3 +233,93 @@ def memory_lower_bound(table: LayerTable, plan: Plan) -> float:
     if plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1:
         total += (dense + expert) * 2.0
     return total
+
+
+def recompute_extra(table: LayerTable, plan: Plan, *, limit: float, selective: bool = True) -> float | None:
+    """Least extra work per micro-batch, summed over pipeline ranks, that any recompute choice able to fit in
+    ``limit`` bytes adds (s): 0 when no recompute may be needed; else the cheaper of selective recompute of
+    every layer (if its memory bound fits) and full recompute of the fewest layers per rank that the memory
+    bound allows; None when even full recompute cannot fit."""
+    none = memory_lower_bound(table, plan, mode="none")
+    if none <= limit:
+        return 0.0
+    if memory_lower_bound(table, plan, mode="full") > limit:
+        return None
+    # Each fully recomputed layer saves at most the largest per-layer difference, k layers on every rank.
+    save = max(b.act["none"] - b.act["full"] for b in table.blocks)
+    _, inv_sum = inflight_stats(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
+    k = max(1, math.ceil((none - limit) * inv_sum / max(plan.pp * save, 1e-30) - 1e-9))
+    opts = [plan.pp * k * min(b.full_extra for b in table.blocks)]
+    if selective and memory_lower_bound(table, plan, mode="selective") <= limit:
+        opts.append(sum(b.sel_extra * b.n_layers for b in table.blocks))
+    return min(opts)
+
+
+def dp_exact(table: LayerTable, plan: Plan, *, pool: Pool, calib) -> DPCost | None:
+    """Data-parallel cost of a plan without pipelining, as the cost model computes it (``dp_cost`` on the one
+    rank that holds every layer); None with pipelining, where it depends on the split."""
+    if plan.pp > 1:
+        return None
+    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib)
+    return dp_cost(table.dense, table.expert, plan=plan, links=plan_links(plan, pool), calib=cal, fwd=table.fwd,
+                   bwd=table.bwd, n_units=max(sum(b.n_layers for b in table.blocks), 1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvenSplit:
+    """Per-rank sums under the even layer split (``meshplan.spec.checks.even_split``)."""
+
+    work: tuple[float, ...]
+    """Work per micro-batch of each pipeline rank, head included (s)."""
+    first: tuple[float, float, float, float, int]
+    """Rank 0: (dense params, expert params, forward s, backward s, layers)."""
+
+
+def even_split_work(model: ModelSpec, table: LayerTable, plan: Plan) -> EvenSplit:
+    """Work of each pipeline rank when layers are split evenly over the virtual stages, the head on the rank
+    that holds the last stage (looped placement, or rank 0 for V-shaped schedules)."""
+    from meshplan.spec.checks import even_split
+
+    split = even_split(model.n_layers, plan.n_stages)
+    owner = [b for b, blk in enumerate(model.blocks) for _ in range(blk.n_layers)]
+    work = [0.0] * plan.pp
+    d = e = f = bw = 0.0
+    n0, i = 0, 0
+    for v, n in enumerate(split):
+        r = stage_rank(plan.schedule_name, stage=v, pp=plan.pp)
+        for b in owner[i:i + n]:
+            blk = table.blocks[b]
+            work[r] += blk.work
+            if v % plan.pp == 0:
+                d, e, n0 = d + blk.dense, e + blk.expert, n0 + 1
+                f += blk.fwd
+                bw += blk.work - blk.fwd
+        i += n
+    work[stage_rank(plan.schedule_name, stage=plan.n_stages - 1, pp=plan.pp)] += table.head
+    emb = table.emb / (1 if model.tied_embeddings else 2)
+    return EvenSplit(work=tuple(work), first=(d + emb, e, f, bw, n0))
+
+
+def even_pipeline_bound(split: EvenSplit, table: LayerTable, plan: Plan, *, pool: Pool, calib) -> float:
+    """Lower bound of the even split's step without its optimizer and overhead (s): the closed forms before
+    max_r W_r is relaxed to the average (see ``pipeline_factor``), plus rank 0's once-per-step data-parallel
+    tail, which nothing hides (``meshplan.cost.estimate._dp_exposed`` gives rank 0 no slack)."""
+    m, p, v = plan.n_micro, plan.pp, max(plan.vpp, 1)
+    wmax, total = max(split.work), sum(split.work)
+    rest = total - wmax
+    s = plan.schedule_name
+    if s in ("1f1b", "gpipe"):
+        pipe = m * wmax + rest
+    elif s == "interleaved_1f1b":
+        pipe = m * wmax + rest / v + (v - 1) * max(p - m, 0) * wmax / v
+    elif s in V_SHAPED:
+        pipe = m * wmax + table.share * rest / 2
+    else:
+        pipe = m * wmax + table.share * rest
+    if plan.zero == 3 and m == 1:
+        return pipe
+    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib)
+    dense, expert, f, b, n0 = split.first
+    tail = dp_cost(dense, expert, plan=plan, links=plan_links(plan, pool), calib=cal, fwd=f, bwd=b,
+                   n_units=max(n0, 1)).per_step
+    return pipe + tail

@@ -12,7 +12,8 @@ from typing import Callable
 
 from meshplan.cost.estimate import estimate, rank_pool
 from meshplan.errors import MeshplanError
-from meshplan.search.bounds import LayerTable, layer_table, memory_lower_bound, p2p_lower_bound, time_lower_bound
+from meshplan.search.bounds import (LayerTable, dp_exact, even_pipeline_bound, even_split_work, layer_table,
+                                    memory_lower_bound, p2p_lower_bound, recompute_extra, time_lower_bound)
 from meshplan.search.hetero import cluster_variants
 from meshplan.search.request import SearchRequest
 from meshplan.search.result import RankedPlan, SearchResult
@@ -92,13 +93,29 @@ class _Run:
                     ratio = mem / cap
                     if self.lean_leaf is None or ratio < self.lean_leaf[0]:
                         self.lean_leaf = (ratio, vi, plan)
-                    if mem > cap and not self.req.exhaustive:
+                    lb = self.leaf_bound(vi, plan, fast, cap)
+                    if lb is None:
                         self.pruned["memory (lower bound)"] += 1
                         continue
-                    p2p = min(p2p_lower_bound(self.model, p, plan, calib=self.calib) for p in var.pools)
-                    out.append((self.key(vi, time_lower_bound(fast, plan, p2p=p2p)), len(out), vi, plan))
+                    out.append((lb, len(out), vi, plan))
         self.considered += sum(self.pruned.values())
         return out
+
+    def leaf_bound(self, vi: int, plan: Plan, fast: LayerTable, cap: float) -> float | None:
+        """Objective lower bound of a leaf, or None when it cannot fit even with full recompute."""
+        var = self.variants[vi]
+        pin = self.req.pins.get("recompute")
+        extra = recompute_extra(fast, plan, limit=cap, selective=pin in (None, "selective"))
+        if extra is None and not self.req.exhaustive:
+            return None
+        dp = dp_exact(fast, plan, pool=var.pools[0], calib=self.calib) if var.homogeneous else None
+        p2p = min(p2p_lower_bound(self.model, p, plan, calib=self.calib) for p in var.pools)
+        floor = 0.0
+        if var.homogeneous and plan.pp > 1 and not extra:
+            # The main phase evaluates the even split on one pool: bound that split itself.
+            even = even_split_work(self.model, fast, plan)
+            floor = even_pipeline_bound(even, fast, plan, pool=var.pools[0], calib=self.calib)
+        return self.key(vi, time_lower_bound(fast, plan, p2p=p2p, extra_work=extra or 0.0, dp=dp, pipe_floor=floor))
 
     # -- evaluation ----------------------------------------------------------------------------------------
     def split(self, vi: int, plan: Plan, *, force: bool = False) -> tuple[int, ...]:

@@ -122,11 +122,15 @@ def degree_tuples(model: ModelSpec, cluster: ClusterSpec, req: SearchRequest, pr
 
 
 def micro_batches(req: SearchRequest, dp: int) -> list[int]:
-    """Micro-batch sizes: divisors of the per-replica batch up to ``max_micro_batch``."""
+    """Micro-batch sizes: divisors of the per-replica batch up to ``max_micro_batch``; powers of two only
+    (the sizes kernels and published runs use) unless that leaves a single choice or the search is
+    exhaustive."""
     if "micro_batch" in req.pins:
         mb = req.pins["micro_batch"]
         return [mb] if (req.global_batch // dp) % mb == 0 else []
-    return [d for d in divisors(req.global_batch // dp) if d <= req.max_micro_batch]
+    alld = [d for d in divisors(req.global_batch // dp) if d <= req.max_micro_batch]
+    pow2 = [d for d in alld if d & (d - 1) == 0]
+    return alld if req.exhaustive or len(pow2) < 2 else pow2
 
 
 def vpp_options(n_layers: int, pp: int) -> list[int]:
@@ -180,6 +184,11 @@ def zero_options(deg: Degrees, req: SearchRequest, *, node: int, pruned: Counter
             low = low[-1:]
         opts = [(z, 0) for z in low]
         shards = [d for d in divisors(deg.dp) if d < deg.dp and d * deg.tp * deg.cp >= node and d & (d - 1) == 0]
+        if not req.exhaustive:
+            # HSDP groups of 1, 4, 16... nodes: memory and traffic change slowly with the group size.
+            keep = [d for d in shards if (d * deg.tp * deg.cp // node).bit_length() % 2 == 1]
+            pruned["hsdp group sizes skipped"] += len(shards) - len(keep)
+            shards = keep
         opts += [(3, d) for d in shards] + [(3, 0)]
     out = [(z, s) for z, s in opts if _pin_ok(req, "zero", z)]
     if "dp_shard" in req.pins:
