@@ -19,10 +19,19 @@ $(BIN)/.torch: $(BIN)/meshplan
 	$(BIN)/pip install -q "$(TORCH)"
 	touch $(BIN)/.torch
 
+# Optional test helpers: the frameworks' config parsers and a headless browser for the report. Tests that need
+# them skip with a message when they could not be installed.
+$(BIN)/.extras: $(BIN)/.torch
+	$(BIN)/pip install -q "$(TORCH)" -e ".[parsers]" 2>/dev/null || echo "framework parsers not installed; their tests skip"
+	@if [ "$$(id -u)" = 0 ] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+		|| echo "chromium not installed; the browser test skips"; fi
+	touch $(BIN)/.extras
+
 demo: venv
 	$(BIN)/meshplan demo
 
-test: venv $(BIN)/.torch
+test: venv $(BIN)/.torch $(BIN)/.extras
 	$(BIN)/python -m pytest
 
 bench: venv

@@ -12,8 +12,8 @@ import sys
 
 import typer
 
-COMMAND_MODULES = ("demo", "estimate", "validate", "plan", "export", "report", "run", "calibrate", "check",
-                   "memcheck")
+COMMAND_MODULES = ("demo", "estimate", "validate", "plan", "export", "report", "explain", "run", "calibrate",
+                   "check", "memcheck")
 
 
 def build_app() -> typer.Typer:
