@@ -1,0 +1,126 @@
+"""Fit local micro-benchmark timings (``meshplan.runtime.bench``) into a hardware profile in the catalog's format.
+
+The fit reuses the cost model's own forms, no second model:
+
+* GEMMs: ``rate = peak * gemm_eff * prod_d d / (d + n_half)`` (``meshplan.cost.compute.shape_eff``); least
+  squares in log space over the measured shapes gives the asymptotic rate and ``n_half``.
+* Attention: the cost model charges ``flops * (1 + 2.5) / (peak * attn_eff)`` for forward + backward
+  (``compute.layer_compute``), which gives ``attn_eff``.
+* Memory: a copy streams ``2 * bytes`` through memory, giving the bandwidth.
+* Collectives: ``t = steps(n) * latency + bus(n) * bytes / (bandwidth * eff)`` (``meshplan.cost.comm``);
+  least squares over every (kind, group size, size) gives latency and bandwidth.
+
+On a CPU there is no datasheet peak worth the name, so the measured asymptotes *are* the peaks (efficiencies
+1). On a GPU the base profile's datasheet peaks stay and the measured rates become efficiencies.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from meshplan.cost.calib import Calibration
+from meshplan.cost.comm import COLLECTIVES
+from meshplan.cost.compute import shape_eff
+from meshplan.spec.hardware import GPUSpec, PeakFlops
+
+ATTN_BWD_FACTOR = 2.5
+"""Backward/forward work of the attention core, as ``meshplan.cost.compute.layer_compute`` charges it."""
+
+
+def fit_gemm_curve(rows: list[list[float]]) -> tuple[float, float]:
+    """(asymptotic FLOP/s, n_half) minimizing the squared log error of ``rate = A * prod d/(d+n_half)`` over
+    [m, n, k, seconds] rows. For a given n_half the best log A is the mean log residual (closed form); n_half
+    is scanned on a log grid from 1 to 4096.
+
+    Example: rows measured at exactly A=1e11, n_half=64 give back (1e11, 64) within the grid step.
+    """
+    best = (math.inf, 0.0, 0.0)
+    for i in range(0, 241):
+        n_half = 2 ** (i / 20)
+        calib = Calibration(n_half=n_half)
+        logs = [math.log(2 * m * n * k / s) - math.log(shape_eff(m, n, k, calib)) for m, n, k, s in rows]
+        log_a = sum(logs) / len(logs)
+        err = sum((x - log_a) ** 2 for x in logs)
+        if err < best[0]:
+            best = (err, math.exp(log_a), n_half)
+    return best[1], best[2]
+
+
+def attention_flops(shape: list[int]) -> float:
+    """Causal attention-core forward FLOPs of [batch, heads, seq, head_dim] as ``cost.ops`` counts them:
+    QK^T and AV at 2 FLOP per multiply-add, halved by causal block skipping."""
+    b, h, n, d = shape
+    return 2.0 * b * n * n * h * (d + d) / 2
+
+
+def fit_link(rows: list[tuple[str, int, float, float]]) -> tuple[float, float]:
+    """(latency s, bandwidth bytes/s) of ``t = steps(n) latency + bus(n) bytes / bandwidth`` by least squares
+    over (kind, group size, bytes, seconds) rows, both kept positive. Solves the 2x2 normal equations in
+    (latency, 1/bandwidth); a negative latency is clamped to 0 and the bandwidth refitted."""
+    xs = [(COLLECTIVES[k].steps(n), COLLECTIVES[k].bus_factor(n) * b, t) for k, n, b, t in rows]
+    saa = sum(a * a for a, _, _ in xs)
+    sab = sum(a * c for a, c, _ in xs)
+    sbb = sum(c * c for _, c, _ in xs)
+    sat = sum(a * t for a, _, t in xs)
+    sbt = sum(c * t for _, c, t in xs)
+    det = saa * sbb - sab * sab
+    lat, inv_bw = ((sat * sbb - sab * sbt) / det, (saa * sbt - sab * sat) / det) if det else (0.0, 0.0)
+    if lat < 0 or not det:
+        lat, inv_bw = 0.0, sbt / sbb
+    if inv_bw <= 0:
+        inv_bw = 1e-12
+        lat = sat / saa
+    return lat, 1.0 / inv_bw
+
+
+def collective_rows(bench: dict) -> list[tuple[str, int, float, float]]:
+    """(kind, group size, bytes, seconds) from the benchmark's ``collectives`` table."""
+    out = []
+    for kind, by_size in bench.get("collectives", {}).items():
+        for size, pairs in by_size.items():
+            out += [(kind, int(size), float(b), float(t)) for b, t in pairs]
+    return out
+
+
+def fit_profile(bench: dict, *, base: GPUSpec, name: str) -> GPUSpec:
+    """The base profile with measured peaks, bandwidths, latency and calibration constants.
+
+    Args:
+        bench: raw timings written by ``meshplan.runtime.bench``.
+        base: the profile to start from (``cpu`` on a CPU, the datasheet entry of the GPU otherwise).
+        name: name of the new profile.
+    """
+    dtype = bench["dtype"]
+    rate, n_half = fit_gemm_curve(bench["gemm"])
+    datasheet = base.generation != "cpu" and base.peak_flops(dtype) > 0
+    peak = base.peak_flops(dtype) if datasheet else rate
+    att = bench["attention"]
+    attn_rate = attention_flops(att["shape"]) * (1 + ATTN_BWD_FACTOR) / att["fwd_bwd_s"]
+    copy_bw = 2.0 * bench["copy"]["bytes"] / bench["copy"]["s"]
+    hbm = base.hbm_bandwidth if datasheet else copy_bw
+    calib = {"gemm_eff": rate / peak, "n_half": n_half, "attn_eff": attn_rate / peak, "mem_eff": copy_bw / hbm,
+             "launch_s": float(bench["op_overhead_s"])}
+    changes: dict = {"name": name, "hbm_bandwidth": hbm,
+                     "source": f"meshplan calibrate on {bench['device_name']} ({bench['world']} processes, "
+                               f"{bench['threads']} threads each, {dtype})"}
+    if not datasheet:
+        changes["peak"] = PeakFlops(**{dtype: peak})
+        changes["hbm_bytes"] = float(bench["memory_bytes"])
+    rows = collective_rows(bench)
+    if rows:
+        lat, bw = fit_link(rows)
+        changes["intra_latency"] = lat
+        if datasheet:
+            calib["intra_eff"] = bw / base.intra_bandwidth
+        else:
+            changes["intra_bandwidth"] = bw
+            calib["intra_eff"] = 1.0
+        changes["nvlink_domain"] = max(base.nvlink_domain, bench["world"])
+    changes["calibration"] = tuple(sorted((k, _round(v)) for k, v in calib.items()))
+    return replace(base, **changes)
+
+
+def _round(x: float) -> float:
+    """Four significant digits: enough for the model, readable in the file."""
+    return float(f"{x:.4g}")

@@ -1,0 +1,195 @@
+"""Micro-benchmarks of the local devices for ``meshplan calibrate``: GEMMs over shapes, the attention core,
+memory bandwidth and collectives over process groups of each size the world allows.
+
+Run on every rank at once (``python -m meshplan.runtime.bench OUT.json`` under torchrun, or alone) so compute
+is measured under the same contention a training run sees: on a CPU, ranks share cores and memory. Rank 0
+writes raw timings as JSON; ``meshplan.calibrate.local`` fits them into a hardware profile (no torch there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchSettings:
+    """What to measure and for how long."""
+
+    min_time_s: float = 0.05
+    """Least total time per measured case (s); a case repeats until it has run this long."""
+    gemm_sizes: tuple[tuple[int, int, int], ...] = (
+        (64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024),
+        (2048, 256, 256), (2048, 1408, 256), (2048, 256, 704), (256, 2048, 2048), (4096, 64, 512),
+        (32, 1024, 1024), (1024, 32, 1024))
+    """(M, N, K) GEMM shapes: squares plus the skinny shapes of small decoders."""
+    attention: tuple[int, int, int, int] = (2, 8, 256, 32)
+    """(batch, heads, seq, head_dim) of the causal attention case (forward + backward)."""
+    copy_bytes: int = 64 * 2**20
+    """Buffer size of the copy-bandwidth test (bytes)."""
+    collective_bytes: tuple[int, ...] = (4096, 65536, 2**20, 4 * 2**20, 16 * 2**20)
+    """Buffer sizes of the collective tests (bytes)."""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, *, device: torch.device, min_time_s: float) -> float:
+    """Median seconds per call of ``fn``: one warm-up call, then at least 3 calls and ``min_time_s`` in all."""
+    fn()
+    _sync(device)
+    times: list[float] = []
+    while len(times) < 3 or sum(times) < min_time_s:
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def bench_gemms(s: BenchSettings, *, device: torch.device, dtype: torch.dtype) -> list[list[float]]:
+    """[m, n, k, seconds] per GEMM shape."""
+    out = []
+    for m, n, k in s.gemm_sizes:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        out.append([m, n, k, timed(lambda: a @ b, device=device, min_time_s=s.min_time_s)])
+    return out
+
+
+def bench_attention(s: BenchSettings, *, device: torch.device, dtype: torch.dtype) -> dict:
+    """Seconds of one causal scaled-dot-product attention forward, and of forward + backward."""
+    b, h, n, d = s.attention
+    q, k, v = (torch.randn(b, h, n, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    grad = torch.randn(b, h, n, d, device=device, dtype=dtype)
+
+    def fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def fwd_bwd():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+    return {"shape": [b, h, n, d], "fwd_s": timed(fwd, device=device, min_time_s=s.min_time_s),
+            "fwd_bwd_s": timed(fwd_bwd, device=device, min_time_s=s.min_time_s)}
+
+
+def bench_copy(s: BenchSettings, *, device: torch.device) -> dict:
+    """Seconds of one device-memory copy of ``copy_bytes`` (reads and writes that many bytes)."""
+    x = torch.empty(s.copy_bytes // 4, device=device, dtype=torch.float32).fill_(1.0)
+    y = torch.empty_like(x)
+    return {"bytes": s.copy_bytes, "s": timed(lambda: y.copy_(x), device=device, min_time_s=s.min_time_s)}
+
+
+def bench_op_overhead(*, device: torch.device) -> float:
+    """Seconds of one tiny eager op (dispatch and launch overhead, the floor of every kernel)."""
+    x = torch.ones(8, device=device)
+    return timed(lambda: x.add_(1.0), device=device, min_time_s=0.02)
+
+
+def group_sizes(world: int) -> list[int]:
+    """Process-group sizes to measure: powers of two from 2 up to the world."""
+    out, n = [], 2
+    while n <= world:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def bench_collectives(s: BenchSettings, *, device: torch.device) -> dict:
+    """{kind: {group size: [[bytes, seconds], ...]}} for all-reduce and all-gather over ranks 0..size-1."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    out: dict = {"all_reduce": {}, "all_gather": {}}
+    for size in group_sizes(world):
+        group = dist.new_group(list(range(size)))
+        member = rank < size
+        rows_ar, rows_ag = [], []
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in 2.12
+        for nbytes in s.collective_bytes:
+            buf = torch.ones(nbytes // 4, device=device)
+            shards = torch.ones(nbytes // 4 // size, device=device)
+            full = torch.empty(shards.numel() * size, device=device)
+            if member:
+                rows_ar.append([nbytes, _timed_collective(lambda: dist.all_reduce(buf, group=group), device, s)])
+                rows_ag.append([nbytes, _timed_collective(
+                    lambda: gather(full, shards, group=group), device, s)])
+        out["all_reduce"][str(size)] = rows_ar
+        out["all_gather"][str(size)] = rows_ag
+        dist.barrier()
+    return out
+
+
+def _timed_collective(fn, device: torch.device, s: BenchSettings) -> float:
+    """Median seconds of one call over a fixed count (every member calls the same number of times); the
+    median shrugs off the scheduler hiccups of a loaded machine."""
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(15):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def run_benchmarks(s: BenchSettings, *, device: torch.device) -> dict:
+    """Every benchmark on this rank; collectives only under an initialized process group."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    out = {"device": device.type, "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+           else "cpu", "dtype": "bf16" if dtype == torch.bfloat16 else "fp32", "world": world,
+           "threads": torch.get_num_threads(),
+           "memory_bytes": torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
+           else _cpu_memory_bytes() // max(world, 1)}
+    if world > 1:
+        dist.barrier()
+    out["op_overhead_s"] = bench_op_overhead(device=device)
+    out["gemm"] = bench_gemms(s, device=device, dtype=dtype)
+    out["attention"] = bench_attention(s, device=device, dtype=dtype)
+    out["copy"] = bench_copy(s, device=device)
+    out["collectives"] = bench_collectives(s, device=device) if world > 1 else {}
+    return out
+
+
+def _cpu_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 * 2**30
+
+
+def main(argv: list[str]) -> int:
+    """``python -m meshplan.runtime.bench OUT.json [MIN_TIME_S]``: benchmark every rank, rank 0 writes OUT."""
+    from meshplan.runtime.mesh import device_for
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = device_for(int(os.environ.get("LOCAL_RANK", "0")))
+    settings = BenchSettings(min_time_s=float(argv[1])) if len(argv) > 1 else BenchSettings()
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=120))
+    try:
+        result = run_benchmarks(settings, device=device)
+        if world > 1:
+            dist.barrier()
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(argv[0]).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
