@@ -191,10 +191,27 @@ def time_lower_bound(table: LayerTable, plan: Plan, *, p2p: float = 0.0, extra_w
     pipe = pipeline_factor(plan.schedule_name if plan.pp > 1 else "", pp=plan.pp, vpp=plan.vpp,
                            n_micro=plan.n_micro, share=table.share) * work / plan.pp
     pipe = max(pipe, pipe_floor) + p2p
+    return pipe + _optimizer_bound(table, plan) + table.overhead
+
+
+def _optimizer_bound(table: LayerTable, plan: Plan) -> float:
+    """Optimizer step of the average rank (s): memory-bound, linear in the parameters it owns, so the
+    slowest rank takes at least this long (``meshplan.cost.dp.optimizer_time``)."""
     dense, expert = _local_params(table, plan)
     eshard = max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1) if plan.zero >= 1 else 1
     owned = dense / plan.zero_group + expert / eshard
-    return pipe + owned * table.opt_s_per_param + table.overhead
+    return owned * table.opt_s_per_param
+
+
+def group_time_bound(table: LayerTable, plan: Plan) -> float:
+    """Bound shared by every schedule and virtual-stage count of a plan: m micro-batches of the average
+    rank's work with no bubble, the optimizer and the overhead (s)."""
+    return plan.n_micro * table.work / plan.pp + _optimizer_bound(table, plan) + table.overhead
+
+
+def static_lower_bound(table: LayerTable, plan: Plan) -> float:
+    """Memory of the average rank without activations (bytes): a bound for every schedule and recompute."""
+    return _static_avg(table, plan)
 
 
 def memory_lower_bound(table: LayerTable, plan: Plan, *, mode: str = "full") -> float:

@@ -7,17 +7,19 @@ from __future__ import annotations
 import math
 import time
 from bisect import insort
+from heapq import heappop, heappush
 from collections import Counter
 from typing import Callable
 
 from meshplan.cost.estimate import estimate, rank_pool
 from meshplan.errors import MeshplanError
 from meshplan.search.bounds import (LayerTable, dp_exact, even_pipeline_bound, even_split_work, layer_table,
-                                    memory_lower_bound, p2p_lower_bound, recompute_extra, time_lower_bound)
+                                    group_time_bound, p2p_lower_bound, recompute_extra, static_lower_bound,
+                                    time_lower_bound)
 from meshplan.search.hetero import cluster_variants
 from meshplan.search.request import SearchRequest
 from meshplan.search.result import RankedPlan, SearchResult
-from meshplan.search.space import Leaf, degree_tuples, leaf_plan, leaves
+from meshplan.search.space import degree_tuples, groups, leaf_plan
 from meshplan.search.split import balanced_split
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
@@ -76,34 +78,35 @@ class _Run:
         optimum only; runners-up are the best of what was evaluated."""
         return self.keys[0] if self.keys else math.inf
 
-    # -- enumeration ---------------------------------------------------------------------------------------
-    def enumerate(self) -> list[tuple[float, int, int, Plan]]:
-        """Every leaf that survives the memory bound, with its objective lower bound."""
-        out = []
+    # -- enumeration and bounds --------------------------------------------------------------------------
+    def groups(self):
+        """(variant, group, capacity) for every group of every cluster variant."""
         for vi, var in enumerate(self.variants):
             node = min(p.gpus_per_node for p in var.pools)
             cap = max(self.req.max_memory_fraction * p.gpu.hbm_bytes for p in var.pools)
             for deg in degree_tuples(self.model, var, self.req, self.pruned):
-                for leaf in leaves(self.model, deg, self.req, node=node, pruned=self.pruned):
-                    self.considered += 1
-                    plan = leaf_plan(leaf, self.req)
-                    tabs = [self.table(p, plan) for p in var.pools]
-                    fast = min(tabs, key=lambda t: t.work)
-                    mem = memory_lower_bound(fast, plan)
-                    ratio = mem / cap
-                    if self.lean_leaf is None or ratio < self.lean_leaf[0]:
-                        self.lean_leaf = (ratio, vi, plan)
-                    lb = self.leaf_bound(vi, plan, fast, cap)
-                    if lb is None:
-                        self.pruned["memory (lower bound)"] += 1
-                        continue
-                    out.append((lb, len(out), vi, plan))
-        self.considered += sum(self.pruned.values())
-        return out
+                for g in groups(self.model, deg, self.req, node=node, pruned=self.pruned):
+                    yield vi, g, cap
 
-    def leaf_bound(self, vi: int, plan: Plan, fast: LayerTable, cap: float) -> float | None:
+    def fastest(self, vi: int, plan: Plan) -> LayerTable:
+        """Per-layer costs on the variant's fastest pool (a bound for every rank)."""
+        return min((self.table(p, plan) for p in self.variants[vi].pools), key=lambda t: t.work)
+
+    def group_bound(self, vi: int, plan: Plan, cap: float) -> float | None:
+        """Bound of every leaf of a group (``plan`` is its 1F1B member): m x average work (no bubble), the
+        optimizer and overhead; None when the static memory alone cannot fit."""
+        fast = self.fastest(vi, plan)
+        mem = static_lower_bound(fast, plan)
+        if self.lean_leaf is None or mem / cap < self.lean_leaf[0]:
+            self.lean_leaf = (mem / cap, vi, plan)
+        if mem > cap and not self.req.exhaustive:
+            return None
+        return self.key(vi, group_time_bound(fast, plan))
+
+    def leaf_bound(self, vi: int, plan: Plan, cap: float) -> float | None:
         """Objective lower bound of a leaf, or None when it cannot fit even with full recompute."""
         var = self.variants[vi]
+        fast = self.fastest(vi, plan)
         pin = self.req.pins.get("recompute")
         extra = recompute_extra(fast, plan, limit=cap, selective=pin in (None, "selective"))
         if extra is None and not self.req.exhaustive:
@@ -262,17 +265,45 @@ def search(model: ModelSpec, cluster: ClusterSpec, request: SearchRequest, *, ca
     """
     t0 = time.perf_counter()
     run = _Run(model, cluster, request, calib)
-    cands = sorted(run.enumerate())
-    for i, (lb, _, vi, plan) in enumerate(cands):
+    heap: list = []
+    for vi, g, cap in run.groups():
+        n = len(g.pipelines)
+        run.considered += n
+        plan = leaf_plan(g.base._replace(schedule="1f1b" if g.base.deg.pp > 1 else ""), request)
+        lb = run.group_bound(vi, plan, cap)
+        if lb is None:
+            run.pruned["memory (lower bound)"] += n
+            continue
+        heappush(heap, (lb, len(heap), vi, g, cap, None))
+    run.considered += sum(run.pruned.values())
+    done = 0
+    while heap:
+        lb, _, vi, g, cap, plan = heappop(heap)
         if not request.exhaustive and lb >= run.bound():
-            run.pruned["bound"] += len(cands) - i
+            run.pruned["bound"] += (1 if plan is not None else len(g.pipelines)) + \
+                sum(1 if it[5] is not None else len(it[3].pipelines) for it in heap)
             break
+        if plan is None:
+            _expand(run, heap, vi, g, cap)
+            continue
         run.ladder(vi, plan)
-        if progress and i % 64 == 0:
-            progress(i, len(cands))
+        done += 1
+        if progress and done % 32 == 0:
+            progress(done, done + len(heap))
     if not request.exhaustive:
         run.refine()
     return _finish(run, t0)
+
+
+def _expand(run: _Run, heap: list, vi: int, g, cap: float) -> None:
+    """Bound each leaf of a popped group and queue the promising ones."""
+    for sched, vpp in g.pipelines:
+        plan = leaf_plan(g.base._replace(schedule=sched, vpp=vpp), run.req)
+        lb = run.leaf_bound(vi, plan, cap)
+        if lb is None:
+            run.pruned["memory (lower bound)"] += 1
+            continue
+        heappush(heap, (lb, len(heap) + 1_000_000_000, vi, g, cap, plan))
 
 
 def _finish(run: _Run, t0: float) -> SearchResult:

@@ -206,17 +206,34 @@ def cp_kinds(model: ModelSpec, deg: Degrees, req: SearchRequest) -> list[str]:
     return [k for k in kinds if _pin_ok(req, "cp_kind", k)]
 
 
-def leaves(model: ModelSpec, deg: Degrees, req: SearchRequest, *, node: int, pruned: Counter) -> Iterator[Leaf]:
-    """Every leaf below one degree tuple."""
+class Group(NamedTuple):
+    """Leaves that differ only in their pipeline schedule and virtual stages (same per-layer costs, same
+    static memory): bounded once before any of them is built."""
+
+    base: Leaf
+    pipelines: tuple[tuple[str, int], ...]
+
+
+def groups(model: ModelSpec, deg: Degrees, req: SearchRequest, *, node: int, pruned: Counter) -> Iterator[Group]:
+    """Every group of leaves below one degree tuple."""
     zeros = zero_options(deg, req, node=node, pruned=pruned)
     kinds = cp_kinds(model, deg, req)
     for mb in micro_batches(req, deg.dp):
         m = req.global_batch // (deg.dp * mb)
-        for sched, vpp in pipeline_options(model.n_layers, deg.pp, m, req, pruned):
-            for zero, shard in zeros:
-                for kind in kinds:
-                    yield Leaf(deg=deg, micro_batch=mb, schedule=sched, vpp=vpp, zero=zero, dp_shard=shard,
-                               cp_kind=kind)
+        pipes = tuple(pipeline_options(model.n_layers, deg.pp, m, req, pruned))
+        if not pipes:
+            continue
+        for zero, shard in zeros:
+            for kind in kinds:
+                yield Group(base=Leaf(deg=deg, micro_batch=mb, schedule="", vpp=1, zero=zero, dp_shard=shard,
+                                      cp_kind=kind), pipelines=pipes)
+
+
+def leaves(model: ModelSpec, deg: Degrees, req: SearchRequest, *, node: int, pruned: Counter) -> Iterator[Leaf]:
+    """Every leaf below one degree tuple."""
+    for g in groups(model, deg, req, node=node, pruned=pruned):
+        for sched, vpp in g.pipelines:
+            yield g.base._replace(schedule=sched, vpp=vpp)
 
 
 def leaf_plan(leaf: Leaf, req: SearchRequest, **kw) -> Plan:
