@@ -1,0 +1,232 @@
+"""Closing the loop: enumerate the feasible plans of a local world, time each for real, score the predictions.
+
+Torch-free parts (enumeration, agreement metrics) import nothing heavy, so ``meshplan check`` can plan before
+any worker starts. The worker (``python -m meshplan.runtime.closed_loop CONFIGS.json OUT.json`` under
+torchrun) builds every plan's trainer once in one process group, then runs *rounds*: one step of each plan per
+round, in turn. Interleaving spreads slow phases of a shared, noisy machine over all plans instead of
+penalizing whichever plan happened to run then; each plan's time is the median of its measured rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from itertools import product
+from pathlib import Path
+
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.plan import Plan
+
+SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2))
+"""(schedule, vpp) pairs tried for pp > 1."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckSpace:
+    """Which plans ``check`` enumerates for one world size and workload."""
+
+    world: int
+    """Processes (devices) in the local world."""
+    global_batch: int
+    """Sequences per step."""
+    seq_len: int
+    """Tokens per sequence."""
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    """Recompute modes to cross with every layout."""
+    micro_batches: tuple[int, ...] = ()
+    """Micro-batch sizes to cross with every layout (empty = the largest that fits the layout, and half)."""
+    precision: str = "fp32"
+    """Compute precision of every plan (fp32 on a CPU)."""
+    fused_kernels: bool = False
+    """The runtime is eager PyTorch: elementwise ops are not fused."""
+
+
+def _factorizations(world: int) -> list[tuple[int, int, int]]:
+    """(tp, pp, dp) with tp * pp * dp == world."""
+    return [(t, p, world // (t * p)) for t in range(1, world + 1) for p in range(1, world + 1)
+            if world % (t * p) == 0]
+
+
+def layouts(space: CheckSpace) -> list[dict]:
+    """Plan fields of every layout: degrees, sharding, sequence parallelism and pipeline schedule."""
+    out = []
+    for tp, pp, dp in _factorizations(space.world):
+        zeros = (0, 3) if dp > 1 else (0,)
+        sps = (True, False) if tp > 1 else (False,)
+        scheds = SCHEDULES if pp > 1 else (("", 1),)
+        for zero, sp, (sched, vpp) in product(zeros, sps, scheds):
+            out.append(dict(tp=tp, pp=pp, dp=dp, zero=zero, sp=sp, schedule=sched, vpp=vpp))
+    return out
+
+
+def _micro_batches(space: CheckSpace, dp: int, pp: int) -> tuple[int, ...]:
+    if space.micro_batches:
+        return space.micro_batches
+    local = space.global_batch // dp
+    biggest = local // pp if pp > 1 else local  # a pipeline needs n_micro >= pp
+    return tuple(sorted({max(biggest, 1), max(biggest // 2, 1)}, reverse=True))
+
+
+def enumerate_plans(model: ModelSpec, space: CheckSpace) -> list[Plan]:
+    """Every plan of ``space`` the planner's rules and the runtime accept, in a stable order."""
+    from meshplan import catalog
+    from meshplan.runtime.parallelize import check_runtime_support
+    from meshplan.spec.checks import plan_violations
+
+    cluster = catalog.cluster(f"{space.world}xcpu")
+    out = []
+    for lay in layouts(space):
+        for mb, rc in product(_micro_batches(space, lay["dp"], lay["pp"]), space.recompute):
+            try:
+                plan = Plan(global_batch=space.global_batch, seq_len=space.seq_len, micro_batch=mb,
+                            recompute=rc, precision=space.precision, fused_kernels=space.fused_kernels, **lay)
+            except Exception:  # noqa: BLE001 - an invalid combination is simply not a plan
+                continue
+            if plan_violations(model, cluster, plan) or check_runtime_support(model, plan) or \
+                    _pipeline_problems(plan):
+                continue
+            out.append(plan)
+    return out
+
+
+def _pipeline_problems(plan: Plan) -> list[str]:
+    if plan.pp == 1:
+        return []
+    from meshplan.runtime.pipeline import pipeline_violations
+
+    return pipeline_violations(plan)
+
+
+def covering(plans: list[Plan]) -> list[Plan]:
+    """A small subset that still covers every kind: each layout at its largest micro-batch without recompute,
+    every recompute mode and the smaller micro-batch on the first FSDP and the first TP layout."""
+    def layout_key(p: Plan) -> tuple:
+        return (p.tp, p.pp, p.dp, p.zero, p.sp, p.schedule, p.vpp)
+
+    biggest: dict[tuple, int] = {}
+    for p in plans:
+        biggest[layout_key(p)] = max(biggest.get(layout_key(p), 0), p.micro_batch)
+    varied = [k for k in biggest if (k[3] == 3 and k[0] == 1) or (k[0] > 1 and k[4])][:2]
+    out = []
+    for p in plans:
+        base = p.micro_batch == biggest[layout_key(p)] and p.recompute == "none"
+        variant = layout_key(p) in varied and (p.micro_batch == biggest[layout_key(p)] or p.recompute == "none")
+        if base or variant:
+            out.append(p)
+    return out
+
+
+def plan_label(p: Plan) -> str:
+    """Short readable name of a plan, e.g. ``fsdp2 mb4 rc=full`` or ``pp2 1f1b mb2``."""
+    parts = []
+    if p.dp > 1:
+        parts.append(f"{'fsdp' if p.zero == 3 else 'dp'}{p.dp}")
+    if p.tp > 1:
+        parts.append(f"tp{p.tp}{'+sp' if p.sp else ''}")
+    if p.pp > 1:
+        parts.append(f"pp{p.pp} {p.schedule_name}" + (f" vpp{p.vpp}" if p.vpp > 1 else ""))
+    parts.append(f"mb{p.micro_batch}")
+    if p.recompute != "none":
+        parts.append(f"rc={p.recompute}")
+    return " ".join(parts)
+
+
+def kendall_tau(xs: list[float], ys: list[float]) -> float:
+    """Kendall's tau-b rank correlation (Kendall 1945: ties in either list shrink the denominator).
+
+    Example: [1, 2, 3] vs [1, 3, 2] has 2 concordant and 1 discordant pair: tau = 1/3.
+    """
+    n = len(xs)
+    conc = disc = tx = ty = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            a, b = xs[i] - xs[j], ys[i] - ys[j]
+            if a == 0 and b == 0:
+                continue
+            if a == 0:
+                tx += 1
+            elif b == 0:
+                ty += 1
+            elif (a > 0) == (b > 0):
+                conc += 1
+            else:
+                disc += 1
+    denom = ((conc + disc + tx) * (conc + disc + ty)) ** 0.5
+    return (conc - disc) / denom if denom else 0.0
+
+
+def ranks(xs: list[float]) -> list[int]:
+    """1-based rank of each value, fastest (smallest) first; ties share the better rank."""
+    return [1 + sum(1 for y in xs if y < x) for x in xs]
+
+
+def mape_pct(pred: list[float], meas: list[float]) -> float:
+    """Mean absolute percentage error of predictions against measurements (%)."""
+    return 100.0 * sum(abs(p - m) / m for p, m in zip(pred, meas)) / len(meas)
+
+
+def regret_pct(pred: list[float], meas: list[float]) -> float:
+    """How much slower the predicted-fastest plan really is than the really fastest one (%)."""
+    chosen = min(range(len(pred)), key=lambda i: pred[i])
+    return 100.0 * (meas[chosen] / min(meas) - 1.0)
+
+
+# ---------------------------------------------------------------- worker (torch from here on, lazily)
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+
+
+def time_plans(cfgs: list, *, warmup: int, rounds: int) -> list[list[float]]:
+    """Build every config's trainer under the running process group, then ``warmup + rounds`` rounds of one
+    step per plan; returns each plan's measured step times (s, slowest rank)."""
+    import torch
+    import torch.distributed as dist
+
+    from meshplan import catalog
+    from meshplan.runtime.build import build_trainer
+    from meshplan.runtime.mesh import build_meshes
+    from meshplan.runtime.train import train_step
+
+    device = torch.device("cpu")
+    trainers = [build_trainer(c, catalog.model(c.model), build_meshes(c.plan, device.type), device) for c in cfgs]
+    times: list[list[float]] = [[] for _ in cfgs]
+    for r in range(warmup + rounds):
+        for i, t in enumerate(trainers):
+            dist.barrier()
+            dt = torch.tensor(train_step(t, r + 1)["step_time_s"])
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            if r >= warmup:
+                times[i].append(float(dt))
+    return times
+
+
+def main(argv: list[str]) -> int:
+    """``closed_loop CONFIGS.json OUT.json WARMUP ROUNDS``: time every config; rank 0 writes the step times."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from meshplan.runtime.launch import validate
+    from meshplan.runtime.worker import read_configs
+
+    cfgs = read_configs(argv[0])
+    warmup, rounds = int(argv[2]), int(argv[3])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    for c in cfgs:
+        validate(c, world)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=min(c.timeout_s for c in cfgs)))
+    try:
+        times = time_plans(cfgs, warmup=warmup, rounds=rounds)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(argv[1]).write_text(json.dumps({"times": times, "median_s": [_median(t) for t in times]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
