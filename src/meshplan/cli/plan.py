@@ -1,0 +1,116 @@
+"""``meshplan plan``: search the parallel layouts of a model on a cluster and print the best ones.
+
+Exit status: 0 when a plan fits, 4 when nothing fits (the leanest plan's breakdown and the GPUs needed are
+printed), 2 for user errors.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+NOTHING_FITS_EXIT = 4
+
+
+def _prices(text: str) -> dict:
+    """``a100-80gb=1.5,h100-sxm=2.9`` or a single number for every GPU type."""
+    from meshplan.errors import SpecError
+
+    if not text:
+        return {}
+    out = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        try:
+            if sep:
+                out[name.strip()] = float(value)
+            else:
+                out["*"] = float(name)
+        except ValueError:
+            raise SpecError("--price", text, "expected NUMBER or GPU=NUMBER[,GPU=NUMBER]") from None
+    return out
+
+
+def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: bool, out: str) -> int:
+    """Search, print, optionally write the winner; returns the exit status."""
+    from rich.progress import Progress
+
+    from meshplan.cli.common import print_json, resolve_cluster, resolve_model
+    from meshplan.search import render_text, result_json, search
+    from meshplan.spec.io import plan_file_text
+
+    model = resolve_model(model_ref)
+    cluster = resolve_cluster(gpus or None, cluster_file or None)
+    if "*" in request.prices:
+        from dataclasses import replace
+
+        flat = request.prices["*"]
+        request = replace(request, prices={p.gpu.name: flat for p in cluster.pools})
+    show = not as_json and sys.stderr.isatty()
+    with Progress(transient=True, disable=not show) as bar:
+        task = bar.add_task("searching", total=None)
+        result = search(model, cluster, request,
+                        progress=lambda done, total: bar.update(task, completed=done, total=total))
+    if as_json:
+        print_json(result_json(result))
+    else:
+        sys.stdout.write(render_text(result))
+    if result.best is None:
+        return NOTHING_FITS_EXIT
+    if out:
+        win = result.best
+        Path(out).write_text(plan_file_text(win.plan, model=model_ref, gpus=win.cluster.describe(),
+                                            predicted={"step_time_s": win.step_time,
+                                                       "peak_memory_gib": win.best.peak_memory / 2**30}))
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``plan`` command."""
+
+    @app.command("plan")
+    def plan(
+        model: str = typer.Option(..., "--model", help="Model: catalog name, model file or HF config.json."),
+        gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 1024xa100-80gb or 32xa100-80gb+32xh100-sxm."),
+        cluster: str = typer.Option("", "--cluster", help="Cluster file (pools of GPUs and their network)."),
+        global_batch: int = typer.Option(..., "--global-batch", help="Sequences per optimizer step."),
+        seq_len: int = typer.Option(..., "--seq-len", help="Tokens per sequence."),
+        precision: str = typer.Option("bf16", "--precision", help="bf16, fp16, fp32 or fp8."),
+        max_memory_fraction: float = typer.Option(
+            0.8, "--max-memory-fraction",
+            help="Largest predicted peak as a share of device memory (no OOM under 80 % in 454 published runs)."),
+        price: str = typer.Option("", "--price", help="Price per GPU-hour: NUMBER or GPU=NUMBER,...; "
+                                                      "switches the objective to tokens per dollar."),
+        top: int = typer.Option(5, "--top", help="Plans in the table."),
+        no_sim: bool = typer.Option(False, "--no-sim", help="Rank with the closed-form pipeline only."),
+        tp: int = typer.Option(0, "--tp", help="Pin the tensor-parallel degree."),
+        cp: int = typer.Option(0, "--cp", help="Pin the context-parallel degree."),
+        cp_kind: str = typer.Option("", "--cp-kind", help="Pin ring or a2a."),
+        pp: int = typer.Option(0, "--pp", help="Pin the pipeline degree."),
+        vpp: int = typer.Option(0, "--vpp", help="Pin the virtual stages per rank."),
+        schedule: str = typer.Option("", "--schedule", help="Pin the pipeline schedule."),
+        dp: int = typer.Option(0, "--dp", help="Pin the data-parallel degree."),
+        zero: int = typer.Option(-1, "--zero", help="Pin the ZeRO stage (0-3)."),
+        ep: int = typer.Option(0, "--ep", help="Pin the expert-parallel degree."),
+        micro_batch: int = typer.Option(0, "--micro-batch", help="Pin the micro-batch size."),
+        recompute: str = typer.Option("", "--recompute", help="Pin none, selective or full."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        out: str = typer.Option("", "--out", help="Write the winner as a plan file (TOML)."),
+    ) -> None:
+        """Find the fastest (or cheapest) parallel layout that fits."""
+        from meshplan.search import SearchRequest
+
+        pins = {k: v for k, v in dict(tp=tp, cp=cp, pp=pp, vpp=vpp, dp=dp, ep=ep, micro_batch=micro_batch).items()
+                if v}
+        pins.update({k: v for k, v in dict(cp_kind=cp_kind, schedule=schedule, recompute=recompute).items() if v})
+        if zero >= 0:
+            pins["zero"] = zero
+        prices = _prices(price)
+        request = SearchRequest(global_batch=global_batch, seq_len=seq_len, precision=precision,
+                                max_memory_fraction=max_memory_fraction, objective="cost" if prices else "time",
+                                prices=prices, pins=pins, top=top, simulate=not no_sim)
+        code = run_plan(model_ref=model, gpus=gpus, cluster_file=cluster, request=request, as_json=as_json, out=out)
+        if code:
+            raise typer.Exit(code)

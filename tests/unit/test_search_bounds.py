@@ -1,0 +1,34 @@
+"""Lower bounds never exceed the full cost model, and the pipeline factors match the closed forms by hand."""
+
+import pytest
+
+from meshplan import catalog
+from meshplan.cost.estimate import estimate
+from meshplan.search.bounds import (layer_table, memory_lower_bound, pipeline_factor, static_lower_bound,
+                                    time_lower_bound)
+from meshplan.search.request import SearchRequest
+from meshplan.search.space import Degrees, Leaf, leaf_plan
+
+
+def test_pipeline_factors_by_hand():
+    assert pipeline_factor("1f1b", pp=4, vpp=1, n_micro=8) == 11.0          # m + p - 1
+    assert pipeline_factor("interleaved_1f1b", pp=4, vpp=3, n_micro=8) == 9.0   # m + (p - 1) / v
+    assert pipeline_factor("interleaved_1f1b", pp=4, vpp=2, n_micro=2) == pytest.approx(2 + 1.5 + 1.0)
+    assert pipeline_factor("zb_h1", pp=4, vpp=1, n_micro=8, share=0.5) == 9.5  # m + share (p - 1)
+    assert pipeline_factor("zbv", pp=4, vpp=2, n_micro=8, share=0.5) == 8.75   # halved fill
+    assert pipeline_factor("", pp=1, vpp=1, n_micro=8) == 8.0
+
+
+@pytest.mark.parametrize("pp,vpp,sched,zero,mb", [(1, 1, "", 1, 2), (2, 1, "1f1b", 1, 1), (4, 2, "interleaved_1f1b", 3, 1),
+                                                  (4, 1, "zb_h1", 1, 2), (2, 2, "zbv", 3, 1), (4, 1, "gpipe", 0, 1)])
+def test_bounds_below_estimate(pp, vpp, sched, zero, mb):
+    model, cluster = catalog.model("llama2-13b"), catalog.cluster("32xa100-80gb")
+    req = SearchRequest(global_batch=64, seq_len=4096)
+    deg = Degrees(tp=2, cp=1, pp=pp, dp=16 // pp, ep=1, etp=1)
+    plan = leaf_plan(Leaf(deg=deg, micro_batch=mb, schedule=sched, vpp=vpp, zero=zero, dp_shard=0, cp_kind="ring"),
+                     req)
+    table = layer_table(model, cluster.pools[0], plan)
+    est = estimate(model, cluster, plan)
+    assert time_lower_bound(table, plan) <= est.step_time
+    assert static_lower_bound(table, plan) <= est.peak_memory
+    assert memory_lower_bound(table, plan, mode="none") <= est.peak_memory * (1 + 1e-9)

@@ -1,0 +1,57 @@
+"""The pruned search returns the exhaustive optimum on small spaces (one pool and mixed pools), honours pins,
+and reports nothing-fits with the GPUs needed."""
+
+import json
+
+import pytest
+
+from meshplan import catalog
+from meshplan.search import SearchRequest, render_text, result_json, search
+from meshplan.spec.cluster import ClusterSpec
+
+
+def _best(model, gpus, gb, seq, **kw):
+    return search(catalog.model(model), catalog.cluster(gpus),
+                  SearchRequest(global_batch=gb, seq_len=seq, simulate=False, top=1, **kw))
+
+
+@pytest.mark.parametrize("model,gpus,gb,seq", [("llama3-8b", "8xh100-sxm", 64, 4096),
+                                               ("tiny-moe", "8xh100-sxm", 32, 2048),
+                                               ("llama2-7b", "8xa100-80gb+8xh100-sxm", 32, 4096)])
+def test_pruned_equals_exhaustive(model, gpus, gb, seq):
+    fast = _best(model, gpus, gb, seq)
+    full = _best(model, gpus, gb, seq, exhaustive=True)
+    assert fast.best.estimate.step_time == pytest.approx(full.best.estimate.step_time, rel=1e-12)
+    assert fast.evaluated < full.evaluated / 5
+    assert sum(fast.pruned.values()) > 0
+
+
+def test_mixed_cluster_never_slower_than_its_pools():
+    both = _best("llama2-7b", "8xa100-80gb+8xh100-sxm", 32, 4096)
+    h100 = _best("llama2-7b", "8xh100-sxm", 32, 4096)
+    assert both.best.estimate.step_time <= h100.best.estimate.step_time * (1 + 1e-12)
+
+
+def test_pins_are_honoured():
+    res = _best("llama2-13b", "32xa100-80gb", 128, 4096, pins={"tp": 4, "pp": 2, "schedule": "1f1b"})
+    p = res.best.plan
+    assert (p.tp, p.pp, p.schedule) == (4, 2, "1f1b")
+
+
+def test_nothing_fits_reports_leanest_and_gpus_needed():
+    res = _best("llama3-70b", "8xa100-80gb", 16, 4096)
+    assert res.best is None and res.infeasible.kind == "memory"
+    need = res.infeasible.details["min_gpus"]
+    assert need > 8 and need % 8 == 0
+    assert "smallest cluster that fits" in res.infeasible.reason
+    assert "NOTHING FITS" in render_text(res)
+
+
+def test_json_document_has_counts():
+    res = search(catalog.model("llama3-8b"), catalog.cluster("16xh100-sxm"),
+                 SearchRequest(global_batch=64, seq_len=4096, top=3))
+    doc = json.loads(json.dumps(result_json(res)))
+    assert set(doc) >= {"plans", "considered", "pruned", "search_time_s"}
+    assert len(doc["plans"]) == 3 and doc["considered"] >= sum(doc["pruned"].values())
+    steps = [p["step_time_s"] for p in doc["plans"]]
+    assert steps == sorted(steps)

@@ -1,0 +1,39 @@
+"""For every published run, the planner (same model, GPUs, global batch, sequence length and precision) finds a
+plan the cost model rates no slower than the published layout, under the same memory rule: the default 80 %
+limit, or the published layout's own predicted peak where that is higher (the estimate's memory is
+conservative, and the published layout demonstrably ran)."""
+
+from pathlib import Path
+
+import pytest
+
+from meshplan.calibrate.runs import load_runs
+from meshplan.cost.estimate import estimate
+from meshplan.search import SearchRequest, search
+from meshplan.search.render import layout, why_loses
+from meshplan.search.result import RankedPlan
+
+CSV = Path(__file__).resolve().parents[3] / "shared" / "validation" / "runs_visible.csv"
+
+
+@pytest.mark.skipif(not CSV.is_file(), reason="validation set not present")
+def test_planner_no_slower_than_published_layouts():
+    runs, _ = load_runs(CSV)
+    assert len(runs) >= 90
+    slower, faster = [], []
+    for run in runs:
+        pub = estimate(run.model, run.cluster, run.plan)
+        frac = max(0.8, pub.peak_memory / pub.capacity * (1 + 1e-9))
+        req = SearchRequest(global_batch=run.plan.global_batch, seq_len=run.plan.seq_len,
+                            precision=run.plan.precision, max_memory_fraction=frac, simulate=False, top=1)
+        res = search(run.model, run.cluster, req)
+        best = res.best
+        if best is None or best.estimate.step_time > pub.step_time * (1 + 1e-9):
+            slower.append((run.id, pub.step_time, best.estimate.step_time if best else None))
+            continue
+        if best.estimate.step_time < pub.step_time * 0.99:
+            ref = RankedPlan(plan=run.plan, cluster=run.cluster, estimate=pub)
+            faster.append(f"{run.id}: {layout(best)} {best.plan.schedule_name} mb{best.plan.micro_batch} "
+                          f"{best.plan.recompute} beats published {layout(ref)} by {why_loses(best, ref)}")
+    print(f"\n{len(faster)} of {len(runs)} rows have a faster plan:\n" + "\n".join(faster))
+    assert not slower, slower
