@@ -101,7 +101,17 @@ class _Run:
             self.lean_leaf = (mem / cap, vi, plan)
         if mem > cap and not self.req.exhaustive:
             return None
-        return self.key(vi, group_time_bound(fast, plan))
+        return self.key(vi, max(group_time_bound(fast, plan), self.mixed_floor(vi, plan)))
+
+    def mixed_floor(self, vi: int, plan: Plan) -> float:
+        """Mixed pools: rank r runs the whole model's layers in W_r on its pool, so for any split the slowest
+        rank takes at least 1 / sum_r (1 / W_r) per micro-batch (continuous relaxation of the stage sizing);
+        m of them bound the step (s). 0 on one pool."""
+        var = self.variants[vi]
+        if var.homogeneous:
+            return 0.0
+        inv = sum(1.0 / max(self.table(rank_pool(var, plan, r), plan).work, 1e-30) for r in range(plan.pp))
+        return plan.n_micro / inv
 
     def leaf_bound(self, vi: int, plan: Plan, cap: float) -> float | None:
         """Objective lower bound of a leaf, or None when it cannot fit even with full recompute."""
@@ -113,7 +123,7 @@ class _Run:
             return None
         dp = dp_exact(fast, plan, pool=var.pools[0], calib=self.calib) if var.homogeneous else None
         p2p = min(p2p_lower_bound(self.model, p, plan, calib=self.calib) for p in var.pools)
-        floor = 0.0
+        floor = self.mixed_floor(vi, plan)
         if var.homogeneous and plan.pp > 1 and not extra:
             # The main phase evaluates the even split on one pool: bound that split itself.
             even = even_split_work(self.model, fast, plan)
