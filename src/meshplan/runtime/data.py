@@ -72,10 +72,13 @@ def dp_slice(t: torch.Tensor, *, dp_rank: int, dp: int) -> torch.Tensor:
     return t[dp_rank * n:(dp_rank + 1) * n]
 
 
-def cp_positions(seq_len: int, *, cp_rank: int, cp: int) -> torch.Tensor:
-    """Token positions a context-parallel rank holds, load-balanced for causal attention: the sequence is cut in
-    2*cp chunks and rank r holds chunks r and 2*cp-1-r (the zig-zag split of ring attention)."""
+def cp_positions(seq_len: int, *, cp_rank: int, cp: int, zigzag: bool = True) -> torch.Tensor:
+    """Token positions a context-parallel rank holds. zigzag (ring attention): load-balanced for causal attention,
+    the sequence is cut in 2*cp chunks and rank r holds chunks r and 2*cp-1-r. Otherwise (all-to-all attention,
+    which sees the whole sequence anyway) rank r holds contiguous chunk r."""
     if cp == 1:
         return torch.arange(seq_len)
+    if not zigzag:
+        return torch.arange(seq_len).chunk(cp)[cp_rank]
     chunks = torch.arange(seq_len).chunk(2 * cp)
     return torch.cat([chunks[cp_rank], chunks[2 * cp - 1 - cp_rank]])

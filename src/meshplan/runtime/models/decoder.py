@@ -1,4 +1,4 @@
-"""meshplan's reference decoder, built from a ModelSpec: dense GQA/SwiGLU (Llama), GPT-2 style, and MoE.
+"""meshplan's reference decoder, built from a ModelSpec: dense GQA/SwiGLU (Llama), GPT-2 style, MLA and MoE.
 
 A ``Decoder`` may hold only a slice of the layers (a pipeline stage); layers live in a ModuleDict keyed by their
 global index, so parameter names (``layers.7.attention.wq.weight``) are the same under every layout and a
@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from meshplan.errors import SpecError
 from meshplan.runtime.models.layers import MLP, Attention, make_norm
+from meshplan.runtime.models.mla import MLA
 from meshplan.runtime.models.moe import MoE
 from meshplan.spec.model import LayerSpec, ModelSpec
 
@@ -26,7 +27,8 @@ class Block(nn.Module):
     def __init__(self, *, layer: LayerSpec, rope: bool):
         super().__init__()
         self.attention_norm = make_norm(layer)
-        self.attention = Attention(hidden=layer.hidden, att=layer.attention, bias=layer.bias, rope=rope)
+        kind = MLA if layer.attention.kind == "mla" else Attention
+        self.attention = kind(hidden=layer.hidden, att=layer.attention, bias=layer.bias, rope=rope)
         self.ffn_norm = make_norm(layer)
         if layer.moe is not None:
             self.moe = MoE(layer=layer)
@@ -54,9 +56,9 @@ def check_supported(model: ModelSpec) -> None:
         att = b.layer.attention
         if att is None:
             raise SpecError(f"block[{b.name}]", "mlp-only", "the reference decoder needs attention in every layer")
-        if att.kind != "gqa":
-            raise SpecError(f"block[{b.name}].attention.kind", att.kind,
-                            "the reference decoder implements gqa attention only (MLA is not built)")
+        if att.kind == "mla" and att.qk_rope_head_dim % 2:
+            raise SpecError(f"block[{b.name}].attention.qk_rope_head_dim", att.qk_rope_head_dim,
+                            "MLA's rotary part needs an even width")
         if b.tokens or (b.layer.in_hidden and b.layer.in_hidden != b.layer.hidden) or b.layer.hidden != model.hidden:
             raise SpecError(f"block[{b.name}]", b.name, "the reference decoder needs one hidden width and text tokens")
     if model.position == "alibi":

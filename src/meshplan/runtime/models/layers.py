@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.utils.checkpoint import checkpoint
 
 from meshplan.spec.model import AttentionSpec, LayerSpec
@@ -44,9 +45,35 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
+def tp_copy(x: torch.Tensor, mesh) -> torch.Tensor:
+    """Identity in forward, sum over the tensor-parallel ``mesh`` in backward (Megatron's copy to the tensor-parallel
+    region): for a replicated activation that each tp rank consumes only in part (its heads), so its gradient is
+    a partial sum. Identity when mesh is None."""
+    if mesh is None:
+        return x
+    return DTensor.from_local(x, mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+
+
+def attend(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Run ``module.core`` on [batch, seq, heads, dim] q, k, v (checkpointed under selective recompute); returns
+    [batch, seq, heads * v_dim]."""
+    b, s = q.shape[:2]
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if module.recompute_core and torch.is_grad_enabled():
+        out = checkpoint(module.core, q, k, v, causal=module.causal, use_reentrant=False)
+    else:
+        out = module.core(q, k, v, causal=module.causal)
+    return out.transpose(1, 2).reshape(b, s, -1)
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention (covers MHA and MQA). Head counts are read from the projection widths, so
-    the same code runs on a tensor-parallel shard holding n_heads / tp heads."""
+    the same code runs on a tensor-parallel shard holding n_heads / tp heads.
+
+    When tp exceeds the kv heads, tensor parallelism leaves ``wk``/``wv`` whole on every tp rank and sets
+    ``kv_index`` (the kv head of each local query head) and ``tp_mesh``: each rank then picks the kv heads its
+    query heads read, which is Megatron's kv-head replication.
+    """
 
     def __init__(self, *, hidden: int, att: AttentionSpec, bias: bool, rope: bool):
         super().__init__()
@@ -62,6 +89,10 @@ class Attention(nn.Module):
         self.core = local_attention
         self.recompute_core = False
         """Selective recomputation: keep no attention-core activations, recompute them in backward."""
+        self.kv_index: torch.Tensor | None = None
+        """With replicated kv heads: the kv head each local query head reads."""
+        self.tp_mesh = None
+        """With replicated kv heads: the tp mesh their gradients are summed over."""
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -70,15 +101,12 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, self.head_dim)
         if self.rope:
             q, k = rotary(q, positions), rotary(k, positions)
-        if self.group > 1:
+        if self.kv_index is not None:
+            k, v = tp_copy(k, self.tp_mesh)[:, :, self.kv_index], tp_copy(v, self.tp_mesh)[:, :, self.kv_index]
+        elif self.group > 1:
             k = k.repeat_interleave(self.group, dim=2)
             v = v.repeat_interleave(self.group, dim=2)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if self.recompute_core and torch.is_grad_enabled():
-            out = checkpoint(self.core, q, k, v, causal=self.causal, use_reentrant=False)
-        else:
-            out = self.core(q, k, v, causal=self.causal)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        return self.wo(attend(self, q, k, v))
 
 
 def activate(kind: str, x: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
 Expert weights are stacked 3-D parameters ``w1/w3 [experts, hidden, ffn]`` and ``w2 [experts, ffn, hidden]``.
 Under expert parallelism a rank holds ``n_experts / ep`` consecutive experts; tokens travel to their experts'
-ranks with an autograd-aware all-to-all (GShard, Lepikhin et al. 2020) and come back the same way.
+ranks with an autograd-aware all-to-all (GShard, Lepikhin et al. 2020) and come back the same way. Under expert
+tensor parallelism (etp) each rank also holds only a 1/etp slice of every local expert's FFN width, so its output
+is a partial sum over the etp group (Megatron's expert tensor parallelism).
 """
 
 from __future__ import annotations
@@ -49,20 +51,28 @@ class MoE(nn.Module):
             self.shared = MLP(hidden=h, ffn=moe.n_shared_experts * moe.shared_width, activation=layer.activation,
                               bias=layer.bias)
         self.ep: ExpertGroup | None = None
+        self.partial_over = 1
+        """Ranks whose outputs sum to the true output (etp); the replicated shared experts are scaled by its
+        inverse so the sum counts them once."""
 
     def expert_params(self) -> list[nn.Parameter]:
         """The stacked expert weights (sharded by expert parallelism, reduced apart from the rest)."""
         return [p for p in (self.w1, self.w2, self.w3) if p is not None]
 
-    def shard_experts(self, ep: ExpertGroup) -> None:
-        """Keep only this rank's ``n_experts / ep.size`` experts (weights already initialized in full)."""
+    def shard_experts(self, ep: ExpertGroup, *, etp: int = 1, etp_rank: int = 0) -> None:
+        """Keep only this rank's ``n_experts / ep.size`` experts and, with etp > 1, its 1/etp slice of their FFN
+        width (weights already initialized in full)."""
         n_local = self.n_experts // ep.size
         lo = ep.rank * n_local
         for name in ("w1", "w2", "w3"):
             p = getattr(self, name)
             if p is not None:
-                setattr(self, name, nn.Parameter(p.detach()[lo:lo + n_local].clone()))
-        self.ep = ep
+                w = p.detach()[lo:lo + n_local]
+                ffn_dim = 1 if name == "w2" else 2
+                w = w.chunk(etp, dim=ffn_dim)[etp_rank]
+                setattr(self, name, nn.Parameter(w.clone()))
+        self.ep = ep if ep.size > 1 else None
+        self.partial_over = etp
 
     def _experts(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Run tokens grouped by local expert (``counts[i]`` rows for expert i) through their experts."""
@@ -92,7 +102,8 @@ class MoE(nn.Module):
             routed = _dispatch_and_run(self, routed, counts)
         out = torch.zeros_like(flat).index_add(0, token, routed * weights.flatten()[order, None])
         if self.shared is not None:
-            out = out + self.shared(flat)
+            shared = self.shared(flat)
+            out = out + (shared / self.partial_over if self.partial_over > 1 else shared)
         return out.view(shape)
 
 
