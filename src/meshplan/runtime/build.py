@@ -12,7 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
 from meshplan.runtime.config import RunConfig
-from meshplan.runtime.cp import install_ring_attention
+from meshplan.runtime.cp import install_context_parallel
 from meshplan.runtime.data import cp_positions
 from meshplan.runtime.mesh import Meshes
 from meshplan.runtime.models.decoder import Decoder, build_decoder
@@ -29,12 +29,25 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True, kw_only=True)
 class ExpertSync:
-    """Expert-parallel groups: experts are sharded over ``ep``; copies of the same experts live on ``replica``."""
+    """Expert-parallel groups: experts are sharded over ``ep`` (and their FFN width over ``etp``); copies of the
+    same expert shard live on ``ep_replica``."""
 
     mesh: DeviceMesh
-    """3-D mesh (ep_outer, ep_replica, ep); expert weights are DTensors sharded on its ``ep`` axis."""
+    """4-D mesh (ep_outer, ep_replica, ep, etp); expert weights are DTensors sharded on ``ep`` (and ``etp``)."""
     divide: int
     """Ranks whose loss contributes to each expert gradient (dp * cp): the gradient-average denominator."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TiedSync:
+    """Tied embeddings under pipeline parallelism: the first and the last stage each hold a copy (Megatron)."""
+
+    params: tuple[torch.nn.Parameter, ...]
+    """This rank's copies (none, one, or both when one rank holds the first and the last stage)."""
+    group: dist.ProcessGroup | None
+    """The two pp ranks holding the first and the last stage, or None when one rank holds both."""
+    duplicate: tuple[torch.nn.Parameter, ...]
+    """Copies held for the output head only: stepped, but left out of the gradient norm."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,31 +74,76 @@ class Trainer:
     """Sequence positions this rank holds (all of them without cp)."""
     experts: ExpertSync | None
     """Expert-parallel wiring, or None."""
+    tp_partial: tuple[torch.nn.Parameter, ...] = ()
+    """Parameters kept whole on every tp rank whose gradients are partial sums over tp (MoE routers and shared
+    experts, which each tp rank runs on its own tokens or its slice of the experts); summed after backward."""
+    tied: TiedSync | None = None
+    """Tied-embedding copies across pipeline stages, or None."""
 
 
 def _expert_mesh(meshes: Meshes, device_type: str) -> DeviceMesh:
-    """Split dp into (dp/ep, ep) with ep innermost; the replica axis also spans cp and pp-free copies."""
+    """Megatron's expert layout: within a pipeline stage, ranks in the plan's rank order are cut into
+    (ep_replica, ep, etp) with etp fastest. With etp = 1 the ep group folds over tp, cp and dp in rank order;
+    with etp = tp the etp axis is the tp axis and ep folds over cp and dp."""
     plan = meshes.plan
-    names = meshes.world.mesh_dim_names
-    order = [names.index(n) for n in ("pp", "tp", "cp", "dp_replicate", "dp_shard")]
-    ranks = meshes.world.mesh.permute(order).reshape(plan.pp * plan.tp, plan.cp * plan.dp // plan.ep, plan.ep)
-    return DeviceMesh(device_type, ranks, mesh_dim_names=("ep_outer", "ep_replica", "ep"))
+    names = list(meshes.world.mesh_dim_names)
+    inner = ("tp",) if plan.etp > 1 else ()
+    order = [names.index("pp")] + [names.index(n) for n in names if n not in ("pp",) + inner] + \
+        [names.index(n) for n in inner]
+    n = plan.tp * plan.cp * plan.dp
+    ranks = meshes.world.mesh.permute(order).reshape(plan.pp, n // (plan.ep * plan.etp), plan.ep, plan.etp)
+    return DeviceMesh(device_type, ranks, mesh_dim_names=("ep_outer", "ep_replica", "ep", "etp"))
+
+
+def _expert_dtensor(p: torch.Tensor, name: str, mesh: DeviceMesh) -> torch.nn.Parameter:
+    """Experts sharded on ep (dim 0) and, with etp > 1, on their FFN width (w1/w3 dim 2, w2 dim 1)."""
+    if mesh["etp"].size() == 1:
+        return torch.nn.Parameter(DTensor.from_local(p.detach(), mesh["ep"], [Shard(0)], run_check=False))
+    ffn = Shard(1) if name == "w2" else Shard(2)
+    return torch.nn.Parameter(DTensor.from_local(p.detach(), mesh["ep", "etp"], [Shard(0), ffn], run_check=False))
 
 
 def _shard_experts(part: Decoder, mesh: DeviceMesh) -> list[torch.nn.Parameter]:
-    ep = mesh["ep"]
+    ep, etp = mesh["ep"], mesh["etp"]
     group = ExpertGroup(group=ep.get_group(), size=ep.size(), rank=ep.get_local_rank())
     params = []
     for m in part.modules():
         if isinstance(m, MoE):
-            m.shard_experts(group)
+            m.shard_experts(group, etp=etp.size(), etp_rank=etp.get_local_rank())
             for name in ("w1", "w2", "w3"):
                 p = getattr(m, name)
                 if p is not None:
-                    dt = DTensor.from_local(p.detach(), ep, [Shard(0)], run_check=False)
-                    setattr(m, name, torch.nn.Parameter(dt))
+                    setattr(m, name, _expert_dtensor(p, name, mesh))
                     params.append(getattr(m, name))
     return params
+
+
+def _tp_partial_params(parts: list[Decoder], *, experts_too: bool) -> tuple[torch.nn.Parameter, ...]:
+    out: list[torch.nn.Parameter] = []
+    for part in parts:
+        for m in part.modules():
+            if isinstance(m, MoE):
+                out += list(m.router.parameters()) + (list(m.shared.parameters()) if m.shared is not None else [])
+                out += m.expert_params() if experts_too else []
+    return tuple(out)
+
+
+def _tied_sync(plan, meshes: Meshes, parts: list[Decoder], stage_ids: tuple[int, ...]) -> TiedSync:
+    """Copies of the tied embedding on this rank and the pp pair holding the first and the last stage."""
+    holder = {s: r for r in range(plan.pp) for s in stages_of_rank(plan, r)}
+    first, last = holder[0], holder[plan.n_stages - 1]
+    group = None
+    if first != last:
+        names = meshes.world.mesh_dim_names
+        rows = meshes.world.mesh.movedim(names.index("pp"), -1).reshape(-1, plan.pp)
+        for row in rows.tolist():  # every rank creates every group, in the same order
+            g = dist.new_group([row[first], row[last]])
+            if dist.get_rank() in (row[first], row[last]):
+                group = g
+    params = tuple(p.tok_embeddings.weight for p in parts if p.tok_embeddings is not None)
+    duplicate = tuple(p.tok_embeddings.weight for p, s in zip(parts, stage_ids)
+                      if p.tok_embeddings is not None and s != 0)
+    return TiedSync(params=params, group=group, duplicate=duplicate)
 
 
 def _build_part(cfg: RunConfig, spec: ModelSpec, stage: int) -> Decoder:
@@ -99,14 +157,15 @@ def build_trainer(cfg: RunConfig, spec: ModelSpec, meshes: Meshes, device: torch
     """Build, wire and parallelize this rank's parts; create optimizers and the schedule."""
     plan = cfg.plan
     stage_ids = stages_of_rank(plan, meshes.rank_in("pp")) if plan.pp > 1 else (0,)
-    positions = cp_positions(plan.seq_len, cp_rank=meshes.rank_in("cp"), cp=plan.cp).to(device)
-    ep_mesh = _expert_mesh(meshes, device.type) if plan.ep > 1 else None
+    positions = cp_positions(plan.seq_len, cp_rank=meshes.rank_in("cp"), cp=plan.cp,
+                             zigzag=plan.cp_kind == "ring").to(device)
+    ep_mesh = _expert_mesh(meshes, device.type) if spec.is_moe and plan.ep * plan.etp > 1 else None
     parts = []
     for stage in stage_ids:
         part = _build_part(cfg, spec, stage).to(device)
         ignored = set(_shard_experts(part, ep_mesh)) if ep_mesh is not None else set()
         if plan.cp > 1:
-            install_ring_attention(part, meshes.axis("cp").get_group())
+            install_context_parallel(part, meshes.axis("cp").get_group(), kind=plan.cp_kind)
         # Later pipeline stages see sequence-parallel shards, so positions cannot come from the input's length.
         part.positions = positions
         parts.append(parallelize(part, meshes, ignored=ignored))
@@ -117,8 +176,17 @@ def build_trainer(cfg: RunConfig, spec: ModelSpec, meshes: Meshes, device: torch
         schedule = build_schedule(plan=plan, parts=parts, stage_ids=stage_ids, device=device,
                                   group=meshes.axis("pp").get_group(), loss_fn=loss_fn)
     experts = ExpertSync(mesh=ep_mesh, divide=plan.dp * plan.cp) if ep_mesh is not None else None
+    partial = _tp_partial_params(parts, experts_too=ep_mesh is None) if plan.tp > 1 else ()
+    tied = _tied_sync(plan, meshes, parts, stage_ids) if plan.pp > 1 and spec.tied_embeddings else None
     return Trainer(cfg=cfg, spec=spec, meshes=meshes, device=device, parts=tuple(parts), stage_ids=stage_ids,
-                   optimizers=optimizers, schedule=schedule, positions=positions, experts=experts)
+                   optimizers=optimizers, schedule=schedule, positions=positions, experts=experts,
+                   tp_partial=partial, tied=tied)
+
+
+def _local_grad(p: torch.nn.Parameter) -> torch.Tensor | None:
+    if p.grad is None:
+        return None
+    return p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
 
 
 def sync_expert_grads(t: Trainer) -> None:
@@ -130,9 +198,38 @@ def sync_expert_grads(t: Trainer) -> None:
         for m in part.modules():
             if isinstance(m, MoE):
                 for p in m.expert_params():
-                    if p.grad is None:
+                    local = _local_grad(p)
+                    if local is None:
                         continue
-                    local = p.grad.to_local()
                     if dist.get_world_size(group) > 1:
                         dist.all_reduce(local, group=group)
                     local.div_(t.experts.divide)
+
+
+def _sync_tp_partial(t: Trainer) -> None:
+    group = t.meshes.tp.get_group() if t.tp_partial else None
+    for p in t.tp_partial:
+        local = _local_grad(p)
+        if local is not None:
+            dist.all_reduce(local, group=group)
+
+
+def _sync_tied(t: Trainer) -> None:
+    """Sum the tied embedding's gradient over its copies (the first stage's input use plus the last stage's output
+    use), so every copy takes the same optimizer step."""
+    if t.tied is None or not t.tied.params:
+        return
+    grads = [g for g in (_local_grad(p) for p in t.tied.params) if g is not None]
+    total = torch.stack(grads).sum(0) if len(grads) > 1 else grads[0].clone()
+    if t.tied.group is not None:
+        dist.all_reduce(total, group=t.tied.group)
+    for g in grads:
+        g.copy_(total)
+
+
+def sync_grads(t: Trainer) -> None:
+    """Every gradient reduction FSDP does not do: experts over their replicas, tp-partial parameters over tp, tied
+    embeddings over the first and last stage."""
+    sync_expert_grads(t)
+    _sync_tp_partial(t)
+    _sync_tied(t)

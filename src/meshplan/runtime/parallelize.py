@@ -6,14 +6,18 @@ activation checkpointing, then fully_shard per block and on the part's root (FSD
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
-                                               RowwiseParallel, SequenceParallel, parallelize_module)
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
+                                               PrepareModuleInputOutput, RowwiseParallel, SequenceParallel,
+                                               parallelize_module)
 
 from meshplan.runtime.mesh import Meshes
 from meshplan.runtime.models.decoder import Decoder
+from meshplan.runtime.models.layers import Attention
+from meshplan.runtime.models.mla import MLA
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
 
@@ -22,54 +26,114 @@ def check_runtime_support(spec: ModelSpec, plan: Plan) -> list[str]:
     """What the runtime cannot run for this (model, plan), beyond plan_violations, as sentences."""
     out = []
     att = spec.decoder.attention
-    if plan.tp > 1 and att is not None and att.n_kv_heads % plan.tp:
-        out.append(f"tp={plan.tp} must divide the {att.n_kv_heads} kv heads (the runtime does not replicate kv heads)")
+    if plan.tp > 1 and att is not None and att.kind == "gqa" and att.n_kv_heads % plan.tp \
+            and plan.tp % att.n_kv_heads:
+        out.append(f"tp={plan.tp} and the {att.n_kv_heads} kv heads must divide one another")
     if plan.tp > 1 and spec.position == "learned":
         out.append("tensor parallelism with learned position embeddings is not supported by the runtime")
     if plan.tp > 1 and spec.tied_embeddings:
         out.append("tensor parallelism with tied embeddings is not supported by the runtime")
-    if plan.pp > 1 and spec.tied_embeddings:
-        out.append("tied embeddings across pipeline stages are not supported by the runtime")
-    if plan.ep > 1 and plan.dp % plan.ep:
-        out.append(f"the runtime folds ep inside dp: ep={plan.ep} must divide dp={plan.dp}")
-    if plan.ep > 1 and plan.tp > 1:
-        out.append("the runtime does not combine expert parallelism with tensor parallelism")
-    if plan.etp > 1:
-        out.append(f"etp={plan.etp}: expert tensor parallelism is not supported by the runtime")
-    if plan.cp > 1 and plan.cp_kind != "ring":
-        out.append(f"cp_kind={plan.cp_kind}: the runtime implements ring context parallelism only")
+    if plan.etp > 1 and plan.etp != plan.tp:
+        out.append(f"etp={plan.etp}: the runtime shards experts over the whole tp group (etp=1 or etp=tp={plan.tp})")
+    if plan.etp > 1 and plan.etp == plan.tp and (plan.cp * plan.dp) % plan.ep:
+        out.append(f"with etp=tp the experts fold inside cp*dp: ep={plan.ep} must divide cp*dp={plan.cp * plan.dp}")
+    moe = [b.layer.moe for b in spec.blocks if b.layer.moe is not None]
+    if plan.etp > 1 and any(m.expert_ffn_hidden % plan.etp for m in moe):
+        out.append(f"etp={plan.etp} must divide the experts' ffn width")
     if plan.cp > 1 and spec.position == "learned":
         out.append("context parallelism with learned position embeddings is not supported by the runtime")
     return out
 
 
-def _layer_tp_plan(block: nn.Module, sp: bool) -> dict:
-    seq = Shard(1) if sp else Replicate()
-    plan: dict = {
-        "attention": PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None)),
-        "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=seq),
-    }
-    if sp:
-        plan["attention_norm"] = SequenceParallel()
-        plan["ffn_norm"] = SequenceParallel()
+def _attention_tp_plan(block: nn.Module, plan: Plan, seq) -> dict:
+    """Heads sharded over tp. MLA and replicated kv heads keep some projections whole on every tp rank, which
+    read a plain (local) input; their inputs' gradients are made whole where they are consumed."""
+    att = block.attention
+    rowwise = RowwiseParallel(output_layouts=seq)
+    if isinstance(att, MLA):
+        q = "attention.wq" if hasattr(att, "wq") else "attention.wq_b"
+        return {"attention": PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None),
+                                                use_local_output=True),
+                q: ColwiseParallel(), "attention.wkv_b": ColwiseParallel(), "attention.wo": rowwise}
+    if _replicates_kv(att, plan.tp):
+        return {"attention": PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None),
+                                                use_local_output=True),
+                "attention.wq": ColwiseParallel(), "attention.wo": rowwise}
+    return {"attention": PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None)),
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wo": rowwise}
+
+
+def _replicates_kv(att: nn.Module, tp: int) -> bool:
+    return isinstance(att, Attention) and att.wk.out_features // att.head_dim < tp
+
+
+class ExpertTensorParallel(ParallelStyle):
+    """MoE under etp = tp: gather the sequence in (its gradient is a partial sum: each rank's expert slices see all
+    tokens), and sum the partial outputs back into the sequence layout (reduce-scatter under SP, else all-reduce).
+    """
+
+    def __init__(self, *, seq):
+        super().__init__()
+        self.seq = seq
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        seq = (self.seq,)
+
+        def gather_in(_mod, args):
+            x = args[0]
+            if not isinstance(x, DTensor):
+                x = DTensor.from_local(x, device_mesh, seq, run_check=False)
+            return (x.redistribute(placements=(Replicate(),)).to_local(grad_placements=(Partial(),)),) + args[1:]
+
+        def sum_out(_mod, _args, out):
+            return DTensor.from_local(out, device_mesh, (Partial(),), run_check=False).redistribute(
+                placements=seq).to_local()
+
+        module.register_forward_pre_hook(gather_in)
+        module.register_forward_hook(sum_out)
+        return module
+
+
+def _moe_tp_plan(plan: Plan, seq) -> ParallelStyle:
+    """etp=1: each tp rank routes its own sequence shard (gathered from nothing under SP, cut from the replicated
+    sequence without it) through the expert-parallel group; etp=tp: every tp rank routes the whole sequence
+    through its slice of the experts and the outputs are summed."""
+    if plan.etp > 1:
+        return ExpertTensorParallel(seq=seq)
+    return PrepareModuleInputOutput(input_layouts=(seq,), desired_input_layouts=(Shard(1),), use_local_input=True,
+                                    output_layouts=(Shard(1),), desired_output_layouts=(seq,), use_local_output=True)
+
+
+def _layer_tp_plan(block: nn.Module, plan: Plan) -> dict:
+    seq = Shard(1) if plan.sp else Replicate()
+    out = _attention_tp_plan(block, plan, seq)
+    if plan.sp:
+        out["attention_norm"] = SequenceParallel()
+        out["ffn_norm"] = SequenceParallel()
     if hasattr(block, "moe"):
-        # Experts stay whole on every tp rank (etp = 1): gather the sequence in, hand the sequence shard back.
-        if sp:
-            plan["moe"] = PrepareModuleInputOutput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
-                                                   use_local_input=True, output_layouts=(Replicate(),),
-                                                   desired_output_layouts=(Shard(1),))
-        else:
-            plan["moe"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
-                                             use_local_output=True)
-    else:
-        plan.update({
-            "feed_forward": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=seq),
-        })
-        if block.feed_forward.w3 is not None:
-            plan["feed_forward.w3"] = ColwiseParallel()
-    return plan
+        out["moe"] = _moe_tp_plan(plan, seq)
+        return out
+    out.update({
+        "feed_forward": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=seq),
+    })
+    if block.feed_forward.w3 is not None:
+        out["feed_forward.w3"] = ColwiseParallel()
+    return out
+
+
+def _wire_attention(att: nn.Module, meshes: Meshes) -> None:
+    """Give MLA and kv-replicating attention the tp mesh their whole-kept activations' gradients sum over."""
+    tp = meshes.plan.tp
+    if isinstance(att, MLA):
+        att.tp_mesh = meshes.tp
+    elif _replicates_kv(att, tp):
+        n_heads = att.wq.weight.shape[0] // att.head_dim  # the global width (a DTensor after tp)
+        local = n_heads // tp
+        first = meshes.rank_in("tp") * local
+        att.kv_index = torch.arange(first, first + local, device=att.wk.weight.device) // att.group
+        att.tp_mesh = meshes.tp
 
 
 def apply_tp(part: Decoder, meshes: Meshes) -> None:
@@ -87,7 +151,8 @@ def apply_tp(part: Decoder, meshes: Meshes) -> None:
     # later stage needs no input redistribution.
     parallelize_module(part, meshes.tp, top)
     for block in part.layers.values():
-        parallelize_module(block, meshes.tp, _layer_tp_plan(block, sp))
+        parallelize_module(block, meshes.tp, _layer_tp_plan(block, meshes.plan))
+        _wire_attention(block.attention, meshes)
 
 
 def apply_recompute(part: Decoder, plan: Plan) -> None:

@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor
 
 from meshplan import catalog
 from meshplan.runtime import checkpoint
-from meshplan.runtime.build import Trainer, build_trainer, loss_fn, sync_expert_grads
+from meshplan.runtime.build import Trainer, build_trainer, loss_fn, sync_grads
 from meshplan.runtime.config import RunConfig
 from meshplan.runtime.data import Source, dp_slice
 from meshplan.runtime.mesh import build_meshes
@@ -32,13 +32,17 @@ def _autocast(cfg: RunConfig, device: torch.device):
     return contextlib.nullcontext()
 
 
-def clip_grads(params: list[torch.nn.Parameter], *, max_norm: float, pp_group=None) -> float:
+def clip_grads(params: list[torch.nn.Parameter], *, max_norm: float, pp_group=None,
+               duplicates: tuple[torch.nn.Parameter, ...] = ()) -> float:
     """Global gradient L2 norm over every shard and pipeline stage; scale gradients down to max_norm (0 = only
-    measure). DTensor gradients are grouped by mesh so each group's norm is reduced over its own axes."""
+    measure). DTensor gradients are grouped by mesh so each group's norm is reduced over its own axes.
+    ``duplicates`` (copies of parameters counted elsewhere, e.g. a tied embedding's second copy) are scaled but
+    not counted."""
     buckets: dict = {}
     plain = []
+    dup = {id(p) for p in duplicates}
     for p in params:
-        if p.grad is None:
+        if p.grad is None or id(p) in dup:
             continue
         if isinstance(p.grad, DTensor):
             buckets.setdefault(p.grad.device_mesh, []).append(p.grad)
@@ -56,7 +60,7 @@ def clip_grads(params: list[torch.nn.Parameter], *, max_norm: float, pp_group=No
     total = float(sq.sqrt())
     if max_norm > 0 and total > max_norm:
         coef = max_norm / (total + 1e-6)
-        for grads in list(buckets.values()) + [plain]:
+        for grads in list(buckets.values()) + [plain, [p.grad for p in duplicates if p.grad is not None]]:
             for g in grads:
                 g.mul_(coef)
     return total
@@ -103,10 +107,11 @@ def train_step(t: Trainer, step: int) -> dict:
     start = time.perf_counter()
     with _autocast(t.cfg, t.device):
         local = _forward_backward(t, x, y)
-    sync_expert_grads(t)
+    sync_grads(t)
     params = [p for part in t.parts for p in part.parameters()]
     pp_group = t.meshes.axis("pp").get_group() if plan.pp > 1 else None
-    norm = clip_grads(params, max_norm=t.cfg.max_norm, pp_group=pp_group)
+    norm = clip_grads(params, max_norm=t.cfg.max_norm, pp_group=pp_group,
+                      duplicates=t.tied.duplicate if t.tied is not None else ())
     for opt in t.optimizers:
         opt.step()
     dist.all_reduce(local)
@@ -184,8 +189,9 @@ def run(cfg: RunConfig, device: torch.device) -> list[dict]:
     return rows + [summary]
 
 
-def reference_losses(cfg: RunConfig) -> list[float]:
-    """Per-step global-batch losses of the same run in one process, without any parallelism (fp32)."""
+def reference_rows(cfg: RunConfig) -> list[dict]:
+    """Per-step ``loss`` (global-batch mean) and ``grad_norm`` (before clipping) of the same run in one process,
+    without any parallelism (fp32)."""
     spec = catalog.model(cfg.model)
     model = build_decoder(spec, seed=cfg.seed, max_seq_len=cfg.plan.seq_len)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
@@ -197,7 +203,12 @@ def reference_losses(cfg: RunConfig) -> list[float]:
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()
-        clip_grads(list(model.parameters()), max_norm=cfg.max_norm)
+        norm = clip_grads(list(model.parameters()), max_norm=cfg.max_norm)
         opt.step()
-        out.append(float(loss.detach()))
+        out.append({"loss": float(loss.detach()), "grad_norm": norm})
     return out
+
+
+def reference_losses(cfg: RunConfig) -> list[float]:
+    """Per-step global-batch losses of the same run in one process, without any parallelism (fp32)."""
+    return [r["loss"] for r in reference_rows(cfg)]
