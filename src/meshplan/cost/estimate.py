@@ -13,7 +13,7 @@ from meshplan.cost.comm import collective_time, plan_links
 from meshplan.cost.dp import DPCost, dp_cost, optimizer_time
 from meshplan.cost.memory import bytes_per_param, layer_recompute_mode, logits_bytes, reserved_bytes
 from meshplan.cost.ops import layer_ops
-from meshplan.cost.pipeline import closed_form, inflight_microbatches, stage_rank
+from meshplan.cost.pipeline import closed_form, inflight_microbatches, rank_stages, stage_rank
 from meshplan.cost.result import Estimate, MemoryBreakdown, StageTimes, TimeBreakdown
 from meshplan.cost.stage import Ctx, LayerCost, head_cost, layer_cost, stage_params, tokens_of
 from meshplan.spec.checks import check_plan, layer_split
@@ -50,9 +50,9 @@ def rank_of(plan: Plan, stage: int) -> int:
     return stage_rank(plan.schedule_name, stage=stage, pp=plan.pp)
 
 
-def stages_of(plan: Plan, rank: int) -> list[int]:
-    """Virtual stages held by a pipeline rank, in pipeline order."""
-    return [v for v in range(plan.n_stages) if rank_of(plan, v) == rank]
+def stages_of(plan: Plan, rank: int) -> tuple[int, ...]:
+    """Virtual stages held by a pipeline rank, in pipeline order (cached per placement)."""
+    return rank_stages(plan.schedule_name, pp=plan.pp, n_stages=plan.n_stages)[rank]
 
 
 def stage_layers(model: ModelSpec, plan: Plan) -> list[list[tuple[BlockSpec, int]]]:
@@ -83,10 +83,13 @@ def rank_pool(cluster: ClusterSpec, plan: Plan, rank: int) -> Pool:
 def _per_layer(model: ModelSpec, plan: Plan, stages: list, ctxs: list[Ctx]) -> list[list[LayerCost]]:
     """Cost of every layer; identical layers (same block, same recompute mode, same rank context) are costed
     once, which keeps the estimate fast enough for search."""
-    costs = []
     seen = [0] * plan.pp
     cache: dict[tuple, LayerCost] = {}
-    for v, layers in enumerate(stages):
+    # Layers are counted per rank in its chunk order, so walk each rank's stages in pipeline order.
+    order = sorted(range(len(stages)), key=lambda v: (rank_of(plan, v), v))
+    by_stage: dict[int, list[LayerCost]] = {}
+    for v in order:
+        layers = stages[v]
         r = rank_of(plan, v)
         row = []
         for block, _ in layers:
@@ -95,8 +98,8 @@ def _per_layer(model: ModelSpec, plan: Plan, stages: list, ctxs: list[Ctx]) -> l
                 cache[key] = layer_cost(block, ctxs[r], index_on_rank=seen[r])
             row.append(cache[key])
             seen[r] += 1
-        costs.append(row)
-    return costs
+        by_stage[v] = row
+    return [by_stage[v] for v in range(len(stages))]
 
 
 def _stage_times(model: ModelSpec, plan: Plan, costs: list[list[LayerCost]], ctxs: list[Ctx],

@@ -4,12 +4,15 @@ MoE), the schedule's in-flight micro-batches, logits, FSDP unsharded units and t
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from meshplan.spec.model import LayerSpec, ModelSpec
 from meshplan.spec.plan import Plan
 
 GiB = 2**30
 
 
+@lru_cache(maxsize=1024)
 def layer_params(layer: LayerSpec) -> tuple[float, float]:
     """(dense, expert) parameter counts of one layer: attention, FFN or experts, norms, biases."""
     h = layer.hidden

@@ -9,6 +9,7 @@ pp divides m; within a few transfer times otherwise while a transfer is short ag
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from meshplan.cost.result import StageTimes
 
@@ -41,9 +42,18 @@ def stage_rank(schedule: str, *, stage: int, pp: int) -> int:
     return pos
 
 
+@lru_cache(maxsize=4096)
+def rank_stages(schedule: str, *, pp: int, n_stages: int) -> tuple[tuple[int, ...], ...]:
+    """Stages held by each rank, in pipeline order (computed once per placement; search calls it often)."""
+    out: list[list[int]] = [[] for _ in range(pp)]
+    for s in range(n_stages):
+        out[stage_rank(schedule, stage=s, pp=pp)].append(s)
+    return tuple(tuple(x) for x in out)
+
+
 def rank_work(times: StageTimes, *, pp: int, rank: int, schedule: str = "1f1b") -> tuple[float, float, float]:
     """Per micro-batch forward, backward-input and backward-weight time of all chunks on ``rank`` (s)."""
-    idx = [s for s in range(times.n_stages) if stage_rank(schedule, stage=s, pp=pp) == rank]
+    idx = rank_stages(schedule, pp=pp, n_stages=times.n_stages)[rank]
     return (sum(times.fwd[i] for i in idx), sum(times.bwd_input[i] for i in idx),
             sum(times.bwd_weight[i] for i in idx))
 

@@ -179,10 +179,13 @@ def stage_params(model: ModelSpec, layers: list[tuple[BlockSpec, int]], plan: Pl
     """(dense, expert) parameters one rank of a virtual stage holds: layers sharded by tp (experts by
     ep x etp), the embedding on the first stage and the output head on the last (vocab-parallel over tp)."""
     dense = expert = 0.0
+    counts: dict[int, list] = {}
     for block, _ in layers:
+        counts.setdefault(id(block), [block, 0])[1] += 1
+    for block, n in counts.values():
         d, e = layer_params(block.layer)
-        dense += d / plan.tp
-        expert += e / (plan.ep * plan.etp)
+        dense += n * d / plan.tp
+        expert += n * e / (plan.ep * plan.etp)
     emb = model.vocab * model.hidden / plan.tp
     if first:
         dense += emb

@@ -91,7 +91,7 @@ class LayerTable:
 
 def layer_table(model: ModelSpec, pool: Pool, plan: Plan, *, calib=None) -> LayerTable:
     """Cost every block once with the cost model's own layer function (``meshplan.cost.stage.layer_cost``)."""
-    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib)
+    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib, pool.gpu.calibration)
     links = plan_links(plan, pool)
     ctxs = {mode: Ctx(model=model, plan=plan.with_(recompute=mode, recompute_layers=0), gpu=pool.gpu, links=links,
                       calib=cal) for mode in ("none", "selective", "full")}
@@ -147,7 +147,7 @@ def p2p_lower_bound(model: ModelSpec, pool: Pool, plan: Plan, *, calib) -> float
     activation any stage sends, over the link two pipeline neighbours share."""
     if plan.pp == 1:
         return 0.0
-    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib)
+    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib, pool.gpu.calibration)
     link = group_link(pool, size=2, stride=plan.stride("pp"))
     h_div = plan.tp if plan.sp else 1
     t = min(collective_time("send_recv", tokens_of(b, plan) * b.layer.hidden * 2.0 / h_div, size=2, link=link,
@@ -277,7 +277,7 @@ def dp_exact(table: LayerTable, plan: Plan, *, pool: Pool, calib) -> DPCost | No
     rank that holds every layer); None with pipelining, where it depends on the split."""
     if plan.pp > 1:
         return None
-    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib)
+    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib, pool.gpu.calibration)
     return dp_cost(table.dense, table.expert, plan=plan, links=plan_links(plan, pool), calib=cal, fwd=table.fwd,
                    bwd=table.bwd, n_units=max(sum(b.n_layers for b in table.blocks), 1))
 
@@ -335,7 +335,7 @@ def even_pipeline_bound(split: EvenSplit, table: LayerTable, plan: Plan, *, pool
         pipe = m * wmax + table.share * rest
     if plan.zero == 3 and m == 1:
         return pipe
-    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib)
+    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib, pool.gpu.calibration)
     dense, expert, f, b, n0 = split.first
     tail = dp_cost(dense, expert, plan=plan, links=plan_links(plan, pool), calib=cal, fwd=f, bwd=b,
                    n_units=max(n0, 1)).per_step
