@@ -1,0 +1,95 @@
+"""meshplan memcheck: the real runtime's peak memory on fake tensors (Llama-3.1-8B shapes on 8 H100s, 1-2
+layers so CI stays fast: parameters, optimizer and per-layer activations are per-layer physics) against the
+cost model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from meshplan import catalog  # noqa: E402
+from meshplan.cli.memcheck import predicted  # noqa: E402
+from meshplan.spec.plan import Plan  # noqa: E402
+
+GiB = 2**30
+SEQ = 8192
+BASE = dict(global_batch=8, seq_len=SEQ, micro_batch=1, precision="bf16")
+
+
+def memcheck(*args: str) -> dict:
+    """Run the command in its own process (the fake process group is process-global state)."""
+    proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "memcheck", "--json", *args], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def per_layer_tokens(args: list[str]) -> tuple[dict, float]:
+    """(2-layer result, activation bytes per token of one layer) from a 1- and a 2-layer run."""
+    one, two = memcheck("--layers", "1", *args), memcheck("--layers", "2", *args)
+    a1, a2 = one["ranks"][0]["measured"]["activations"], two["ranks"][0]["measured"]["activations"]
+    return two, (a2 - a1) / SEQ
+
+
+@pytest.mark.runtime
+def test_fsdp_states_match_and_layer_activations_are_measured():
+    two, per_tok = per_layer_tokens(["--dp", "8", "--zero", "3"])
+    r = two["ranks"][0]
+    # FSDP2 keeps fp32 sharded parameters and fp32 AdamW states: 4 + 8 bytes per parameter / 8 ranks, exactly
+    # what bytes_per_param(zero 3) says.
+    assert r["measured"]["params"] == pytest.approx(r["predicted"]["params"], rel=1e-3)
+    assert r["measured"]["optimizer"] == pytest.approx(r["predicted"]["optimizer"], rel=1e-3)
+    # One Llama-3.1-8B layer under bf16 autocast keeps 308,360 bytes per token in this runtime: 53,248 of them
+    # are the bf16 copies of the unsharded weights the linears save (218M params x 2 B / 8192 tokens); the
+    # cost model's Korthikanti term is 145,536.
+    assert per_tok == pytest.approx(308_360, rel=0.01)
+
+
+@pytest.mark.runtime
+def test_full_recompute_keeps_the_fp32_layer_input_and_the_weight_casts():
+    _, per_tok = per_layer_tokens(["--dp", "8", "--zero", "3", "--recompute", "full"])
+    # 4 B x 4096 (fp32 residual stream) + 53,248 (autocast's cached bf16 weights of the layer).
+    assert per_tok == pytest.approx(4 * 4096 + 53_248, rel=0.01)
+
+
+@pytest.mark.runtime
+@pytest.mark.xfail(reason="torch.distributed.pipelining reads tensor values (shape inference) that fake "
+                          "tensors do not have: memcheck does not run PP plans yet", strict=True)
+def test_pipeline_first_and_last_stage_states():
+    out = memcheck("--layers", "2", "--pp", "2", "--dp", "4", "--zero", "3", "--global-batch", "8")
+    first, last = out["ranks"]
+    assert (first["stage"], last["stage"]) == (0, 1)
+    for r in (first, last):
+        assert r["measured"]["optimizer"] == pytest.approx(r["predicted"]["optimizer"], rel=1e-3)
+
+
+@pytest.mark.runtime
+@pytest.mark.xfail(reason="expert sharding builds a real index tensor outside fake mode (aten.as_strided on a "
+                          "real int32 tensor): memcheck does not run EP plans yet", strict=True)
+def test_expert_parallel_moe_runs_and_shards_experts():
+    out = memcheck("--model", "mixtral-8x7b", "--layers", "1", "--ep", "8", "--dp", "8", "--zero", "3",
+                   "--seq-len", "4096")
+    r = out["ranks"][0]
+    # Experts (3 x 4096 x 14336 x 8 per layer) shard over ep only, the rest over FSDP: AdamW states match.
+    assert r["measured"]["optimizer"] == pytest.approx(r["predicted"]["optimizer"], rel=0.01)
+
+
+def test_prediction_side_is_the_estimate():
+    plan = Plan(dp=8, zero=3, **BASE)
+    p = predicted(catalog.model("llama3.1-8b"), catalog.cluster("8xh100-sxm"), plan, 0)
+    # 8.03e9 params x 4 B / 8 ranks
+    assert p["params"] / GiB == pytest.approx(3.74, abs=0.01)
+    assert p["tensors"] + p["reserved"] <= p["capacity"]
+
+
+@pytest.mark.runtime
+@pytest.mark.xfail(reason="the cost model's activation and logits terms are those of a fused, vocab-parallel "
+                          "framework; this runtime keeps about 2x (see the README's memcheck table)", strict=False)
+def test_peak_within_five_percent():
+    r = memcheck("--layers", "2", "--dp", "8", "--zero", "3")["ranks"][0]
+    assert r["peak_predicted"] == pytest.approx(r["peak_measured"], rel=0.05)
