@@ -90,14 +90,15 @@ def ddp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: Ca
     bucket = collective_time(kind, min(BUCKET_PARAMS, dense) * g_bytes, size=group, link=links.dp, calib=calib)
     gather = bucket_g = 0.0
     if plan.zero:
-        gather = collective_time("all_gather", dense * 2.0, size=group, link=links.dp, calib=calib)
-        bucket_g = collective_time("all_gather", min(BUCKET_PARAMS, dense) * 2.0, size=group, link=links.dp,
+        w_bytes, _, _ = bytes_per_param(plan)
+        gather = collective_time("all_gather", dense * w_bytes, size=group, link=links.dp, calib=calib)
+        bucket_g = collective_time("all_gather", min(BUCKET_PARAMS, dense) * w_bytes, size=group, link=links.dp,
                                    calib=calib)
     if expert:
         eg = _expert_group(plan)
         red += collective_time(kind, expert * g_bytes, size=eg, link=links.dp, calib=calib)
         if plan.zero:
-            gather += collective_time("all_gather", expert * 2.0, size=eg, link=links.dp, calib=calib)
+            gather += collective_time("all_gather", expert * w_bytes, size=eg, link=links.dp, calib=calib)
     exp_red = max(red - calib.overlap_eff * bwd, bucket) if plan.overlap_grad_reduce else red
     exp_gat = max(gather - calib.overlap_eff * fwd, bucket_g) if plan.overlap_param_gather else gather
     return DPCost(per_step=exp_red + exp_gat, total_traffic=red + gather)

@@ -119,7 +119,7 @@ def _stage_times(model: ModelSpec, plan: Plan, costs: list[list[LayerCost]], ctx
         ctx = ctxs[rank_of(plan, v)]
         block = stages[v][-1][0] if stages[v] else model.blocks[-1]
         h_div = plan.tp if plan.sp else 1
-        nbytes = tokens_of(block, plan) * block.layer.hidden * 2.0 / h_div
+        nbytes = tokens_of(block, plan) * block.layer.hidden * plan.act_bytes / h_div
         p2p.append(collective_time("send_recv", nbytes, size=2, link=ctx.links.pp, calib=ctx.calib)
                    if v < n - 1 else 0.0)
     return StageTimes(fwd=tuple(fwd), bwd_input=tuple(bi), bwd_weight=tuple(bw), p2p=tuple(p2p),

@@ -83,8 +83,8 @@ def act_bytes_per_token(layer: LayerSpec, plan: Plan, *, recompute: str) -> floa
     Korthikanti et al. 2022, eq. 1-2 and Table 2, generalized: attention stores its norm and QKV inputs (h),
     q/k/v ((a + 2g) d), the attention output (a d_v) and flash-attention's log-sum-exp (fp32 per head); the
     FFN stores its norm and fc1 inputs (h), fc1 outputs and the activation output. h-sized tensors shard over
-    tp only with sequence parallelism. Selective recompute drops the attention core's output (recomputed);
-    full recompute keeps only the layer input.
+    tp only with sequence parallelism. Selective recompute drops what only the attention core needs (with flash
+    attention, its log-sum-exp); full recompute keeps only the layer input.
     """
     tp, h = plan.tp, layer.hidden
     h_div = tp if plan.sp else 1
@@ -103,9 +103,11 @@ def act_bytes_per_token(layer: LayerSpec, plan: Plan, *, recompute: str) -> floa
     if att is not None:
         q_k_v = (att.n_heads * (att.qk_dim + att.v_dim) + att.n_kv_heads * att.qk_dim) if att.kind == "gqa" \
             else att.n_heads * (2 * att.qk_dim + att.v_dim) + att.kv_lora_rank + att.q_lora_rank
-        total += 4.0 * h / h_div + 2.0 * q_k_v / tp
+        total += 4.0 * h / h_div + 2.0 * q_k_v / tp + 2.0 * att.n_heads * att.v_dim / tp
         if recompute != "selective":
-            total += (2.0 * att.n_heads * att.v_dim + 4.0 * att.n_heads) / tp
+            # Flash attention keeps only its fp32 log-sum-exp; the output is kept anyway as the input of the
+            # output projection, so selective recompute frees just the statistics (measured by memcheck).
+            total += 4.0 * att.n_heads / tp
     mats_up = 2 if layer.gated else 1
     total += 4.0 * h / h_div
     if layer.moe is not None:

@@ -86,7 +86,7 @@ def tp_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx, *, fwd_gemm: float, bwd_g
     if plan.tp <= 1:
         return 0.0, 0.0
     n = int(layer.attention is not None) + int(layer.moe is None or plan.etp > 1)
-    msg = ops.tokens * layer.hidden * 2.0
+    msg = ops.tokens * layer.hidden * plan.act_bytes
     one = collective_time("all_reduce", msg, size=plan.tp, link=ctx.links.tp, calib=ctx.calib)
     f = _overlapped(n * one, fwd_gemm, overlap=plan.tp_comm_overlap, chunks=plan.tp, calib=ctx.calib)
     b = _overlapped(n * one, bwd_gemm, overlap=plan.tp_comm_overlap, chunks=plan.tp, calib=ctx.calib)
@@ -107,10 +107,10 @@ def cp_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx, *, attn_fwd: float) -> tu
     kv_heads = att.n_kv_heads if att.kind == "gqa" else att.n_heads
     if plan.cp_kind == "a2a":
         width = (att.n_heads * (att.qk_dim + att.v_dim) + kv_heads * att.qk_dim) / plan.tp
-        t = collective_time("all_to_all", ops.tokens * width * 2.0, size=plan.cp, link=ctx.links.cp,
+        t = collective_time("all_to_all", ops.tokens * width * plan.act_bytes, size=plan.cp, link=ctx.links.cp,
                             calib=ctx.calib)
         return t, t
-    kv_bytes = ops.tokens * kv_heads * (att.qk_dim + att.v_dim) / plan.tp * 2.0
+    kv_bytes = ops.tokens * kv_heads * (att.qk_dim + att.v_dim) / plan.tp * plan.act_bytes
     step_f = collective_time("send_recv", kv_bytes, size=2, link=ctx.links.cp, calib=ctx.calib)
     step_b = collective_time("send_recv", 2 * kv_bytes, size=2, link=ctx.links.cp, calib=ctx.calib)
     per_f = attn_fwd / plan.cp
@@ -127,7 +127,7 @@ def ep_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx) -> float:
     if moe is None or plan.ep <= 1:
         return 0.0
     copies = ops.tokens / plan.tp * moe.top_k * (moe.capacity_factor or 1.0)
-    one = collective_time("all_to_all", copies * layer.hidden * 2.0, size=plan.ep, link=ctx.links.ep,
+    one = collective_time("all_to_all", copies * layer.hidden * plan.act_bytes, size=plan.ep, link=ctx.links.ep,
                           calib=ctx.calib)
     return 2 * one
 
@@ -135,7 +135,8 @@ def ep_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx) -> float:
 def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:
     """Costs of one layer of ``block`` on one rank for one micro-batch."""
     plan, layer = ctx.plan, block.layer
-    ops = layer_ops(layer, tokens=tokens_of(block, plan), plan=plan, seq=block.tokens or plan.seq_len)
+    ops = layer_ops(layer, tokens=tokens_of(block, plan), plan=plan, seq=block.tokens or plan.seq_len,
+                    dtype_bytes=plan.act_bytes)
     f, bi, bw = layer_compute(ops, gpu=ctx.gpu, calib=ctx.calib, dtype=plan.precision)
     fwd_gemm = sum(gemm_time(g, gpu=ctx.gpu, calib=ctx.calib, dtype=plan.precision) for g in ops.gemms)
     attn_f = f - fwd_gemm - memory_time(ops.elementwise_bytes, gpu=ctx.gpu, calib=ctx.calib)

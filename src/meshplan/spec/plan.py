@@ -99,6 +99,12 @@ class Plan:
             raise SpecError("plan.layer_split", self.layer_split, "layer counts must be >= 0")
 
     @property
+    def act_bytes(self) -> float:
+        """Bytes of one activation element: 4 for fp32 training, else 2 (bf16/fp16; fp8 keeps 16-bit
+        activations between layers)."""
+        return 4.0 if self.precision == "fp32" else 2.0
+
+    @property
     def n_gpus(self) -> int:
         """GPUs the plan occupies: tp * cp * pp * dp."""
         return self.tp * self.cp * self.pp * self.dp
