@@ -34,10 +34,19 @@ def launch(cfgs: list[RunConfig], *, nproc: int, tmp: Path, timeout: float = 240
     return subprocess.run(torchrun_command(str(path), nproc), capture_output=True, text=True, timeout=timeout)
 
 
+def _rows(cfg: RunConfig) -> list[dict]:
+    rows = [json.loads(line) for line in (Path(cfg.out_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if not r.get("summary")]
+
+
 def losses(cfg: RunConfig) -> list[float]:
     """Per-step losses a run wrote (the summary line excluded)."""
-    rows = [json.loads(line) for line in (Path(cfg.out_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if not r.get("summary")]
+    return [r["loss"] for r in _rows(cfg)]
+
+
+def grad_norms(cfg: RunConfig) -> list[float]:
+    """Per-step gradient norms (before clipping) a run wrote."""
+    return [r["grad_norm"] for r in _rows(cfg)]
 
 
 def check_ok(proc: subprocess.CompletedProcess) -> None:

@@ -1,13 +1,36 @@
-"""Every parallelism trains the same tiny model with exactly the single-process reference's losses (fp32)."""
+"""Every parallelism trains the same tiny model with exactly the single-process reference's losses and gradient
+norms (fp32): dense GQA, GPT-style tied embeddings, MoE and MLA models under every layout the planner can choose."""
 
 from __future__ import annotations
 
-import pytest
-from runtime_helpers import TOL, check_ok, config, launch, losses
+import json
 
-from meshplan.runtime.train import reference_losses
+import pytest
+from runtime_helpers import TOL, check_ok, config, grad_norms, launch, losses
+
+from meshplan import catalog
+from meshplan.runtime.train import reference_rows
+from meshplan.spec.model import decoder_model
 
 pytestmark = pytest.mark.runtime
+
+NORM_RTOL = 1e-5
+"""Largest relative gradient-norm error accepted in fp32 (Adam hides a gradient's scale from the loss; the norm
+does not)."""
+
+MLA = {"name": "tiny-mla", "n_layers": 4, "hidden": 64, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16,
+       "ffn_hidden": 128, "vocab": 256, "attention_kind": "mla", "kv_lora_rank": 16, "qk_rope_head_dim": 8,
+       "v_head_dim": 12}
+"""A DeepSeek-style MLA model: 16 non-RoPE + 8 RoPE query/key dims, 12 value dims, a 16-wide kv latent."""
+
+
+def _mla_model(tmp_path, *, q_lora_rank: int = 0) -> str:
+    """Write the tiny MLA model (with query compression when q_lora_rank > 0) as a model file; returns its path."""
+    d = {**MLA, **({"q_lora_rank": q_lora_rank, "name": "tiny-mla-q"} if q_lora_rank else {})}
+    path = tmp_path / f"{d['name']}.json"
+    path.write_text(json.dumps(d))
+    assert catalog.model(str(path)) == decoder_model(**d)
+    return str(path)
 
 
 def _assert_match(cfgs) -> None:
@@ -15,14 +38,19 @@ def _assert_match(cfgs) -> None:
     for cfg in cfgs:
         key = (cfg.model, cfg.plan.global_batch, cfg.plan.seq_len, cfg.steps)
         if key not in refs:
-            refs[key] = reference_losses(cfg)
+            refs[key] = reference_rows(cfg)
+        ref_loss = [r["loss"] for r in refs[key]]
         got = losses(cfg)
         assert len(got) == cfg.steps, cfg.extra
-        worst = max(abs(a - b) for a, b in zip(got, refs[key]))
-        assert worst < TOL, f"{cfg.out_dir}: {got} vs reference {refs[key]}"
+        worst = max(abs(a - b) for a, b in zip(got, ref_loss))
+        assert worst < TOL, f"{cfg.out_dir}: {got} vs reference {ref_loss}"
+        norms = grad_norms(cfg)
+        worst = max(abs(a / r["grad_norm"] - 1) for a, r in zip(norms, refs[key]))
+        assert worst < NORM_RTOL, f"{cfg.out_dir}: grad norms {norms} vs reference {refs[key]}"
 
 
 def test_two_processes_dp_fsdp_pp_cp(tmp_path):
+    mla, mla_q = _mla_model(tmp_path), _mla_model(tmp_path, q_lora_rank=32)
     sched_csv = tmp_path / "gpipe_like.csv"
     sched_csv.write_text("0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1F1,1F2,1F3,1B0,1B1,1B2,1B3\n")
     cfgs = [
@@ -33,6 +61,14 @@ def test_two_processes_dp_fsdp_pp_cp(tmp_path):
         config(tmp_path, "cp_ring", cp=2, recompute="selective"),
         config(tmp_path, "gpt_fsdp", model="tiny-gpt", dp=2, zero=3),
         config(tmp_path, "pp_csv", pp=2, schedule=str(sched_csv)),
+        config(tmp_path, "cp_a2a", cp=2, cp_kind="a2a"),
+        config(tmp_path, "tied_pp", model="tiny-gpt", pp=2, schedule="1f1b"),
+        config(tmp_path, "tied_zbv", model="tiny-gpt", pp=2, vpp=2, schedule="zbv"),  # one rank holds both copies
+        config(tmp_path, "mla_ring", model=mla, cp=2),
+        config(tmp_path, "mla_a2a", model=mla, cp=2, cp_kind="a2a", recompute="selective"),
+        config(tmp_path, "mla_tp_sp", model=mla_q, tp=2, sp=True),
+        config(tmp_path, "moe_ep_over_tp", model="tiny-moe", tp=2, sp=True, ep=2),
+        config(tmp_path, "moe_etp", model="tiny-moe", tp=2, etp=2),
     ]
     for name in ("gpipe", "1f1b"):
         cfgs.append(config(tmp_path, f"pp_{name}", pp=2, schedule=name, recompute="full"))
@@ -52,6 +88,14 @@ def test_four_processes_hsdp_tp_cp_ep(tmp_path):
         config(tmp_path, "ep_fsdp", model="tiny-moe", dp=4, ep=2, zero=3),
         config(tmp_path, "ep_pp", model="tiny-moe", dp=2, ep=2, pp=2),
         config(tmp_path, "moe_tp_sp", model="tiny-moe", dp=2, tp=2, sp=True),
+        config(tmp_path, "kv_replicated", tp=4, sp=True),  # 2 kv heads on 4 tp ranks
+        config(tmp_path, "mla_tp_fsdp", model=_mla_model(tmp_path, q_lora_rank=32), dp=2, tp=2, sp=True, zero=3),
+        config(tmp_path, "a2a_tp", tp=2, cp=2, cp_kind="a2a", sp=True),
+        config(tmp_path, "ep_not_in_dp", model="tiny-moe", dp=2, tp=2, ep=4, sp=True),
+        config(tmp_path, "ep_tp_fsdp", model="tiny-moe", dp=2, tp=2, ep=2, zero=3),
+        config(tmp_path, "ep_etp", model="tiny-moe", dp=2, tp=2, etp=2, ep=2, sp=True),
+        config(tmp_path, "ep_over_cp", model="tiny-moe", dp=2, cp=2, ep=2, zero=3),
+        config(tmp_path, "tied_pp_fsdp", model="tiny-gpt", pp=2, dp=2, zero=3),
     ]
     check_ok(launch(cfgs, nproc=4, tmp=tmp_path))
     _assert_match(cfgs)

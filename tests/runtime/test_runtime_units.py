@@ -8,9 +8,12 @@ torch = pytest.importorskip("torch")
 
 from meshplan import catalog  # noqa: E402
 from meshplan.runtime.data import Source, cp_positions, decode, dp_slice, encode  # noqa: E402
+from meshplan.cost.memory import layer_params  # noqa: E402
 from meshplan.runtime.mesh import mesh_layout  # noqa: E402
 from meshplan.runtime.models.decoder import build_decoder  # noqa: E402
+from meshplan.runtime.parallelize import check_runtime_support  # noqa: E402
 from meshplan.runtime.pipeline import pipeline_violations, stage_layers, stages_of_rank  # noqa: E402
+from meshplan.spec.model import decoder_model  # noqa: E402
 from meshplan.spec.plan import Plan  # noqa: E402
 
 
@@ -33,6 +36,7 @@ def test_cp_positions_zigzag():
     assert cp_positions(8, cp_rank=0, cp=2).tolist() == [0, 1, 6, 7]
     assert cp_positions(8, cp_rank=1, cp=2).tolist() == [2, 3, 4, 5]
     assert cp_positions(4, cp_rank=0, cp=1).tolist() == [0, 1, 2, 3]
+    assert cp_positions(8, cp_rank=1, cp=2, zigzag=False).tolist() == [4, 5, 6, 7]  # all-to-all cp
 
 
 def test_batches_depend_on_seed_and_step_only():
@@ -75,3 +79,41 @@ def test_seeded_weights_do_not_depend_on_the_layout():
     assert all(torch.equal(stage[k], full[k]) for k in stage)
     other = build_decoder(spec, seed=8).layers["0"].attention.wq.weight
     assert not torch.equal(full["layers.0.attention.wq.weight"], other)
+
+
+def _mla(**kw):
+    return decoder_model(name="mla", n_layers=2, hidden=64, n_heads=4, n_kv_heads=4, head_dim=16, ffn_hidden=128,
+                         vocab=256, attention_kind="mla", kv_lora_rank=16, qk_rope_head_dim=8, v_head_dim=12, **kw)
+
+
+def test_mla_parameters_match_the_hand_count_and_the_cost_model():
+    spec = _mla(q_lora_rank=32)
+    att = build_decoder(spec).layers["0"].attention
+    # wq_a 64*32, q_norm 32, wq_b 32*4*(16+8), wkv_a 64*(16+8), kv_norm 16, wkv_b 16*4*(16+12), wo 4*12*64
+    assert sum(p.numel() for p in att.parameters()) == 2048 + 32 + 3072 + 1536 + 16 + 1792 + 3072
+    dense = layer_params(spec.decoder)[0] - 4 * 64 - 3 * 64 * 128  # less the two norms and the SwiGLU
+    assert dense == 11568 - 32 - 16  # the cost model leaves MLA's two latent norms out
+
+
+def test_mla_is_causal():
+    model = build_decoder(_mla())
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    changed = x.clone()
+    changed[:, 10] = (changed[:, 10] + 1) % 256
+    a, b = model(x), model(changed)
+    assert torch.equal(a[:, :10], b[:, :10]) and not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+def test_runtime_accepts_every_layout_the_planner_can_choose_and_says_why_not_otherwise():
+    llama, moe, gpt = catalog.model("tiny-llama"), catalog.model("tiny-moe"), catalog.model("tiny-gpt")
+    for spec, plan in ((llama, _plan(cp=2, cp_kind="a2a")), (_mla(), _plan(tp=2, cp=2)), (llama, _plan(tp=4)),
+                       (moe, _plan(tp=2, ep=2)), (moe, _plan(tp=2, etp=2)), (moe, _plan(dp=2, tp=2, ep=4)),
+                       (gpt, _plan(pp=2))):
+        assert check_runtime_support(spec, plan) == [], plan
+    assert check_runtime_support(moe, _plan(tp=4, etp=2)) == [
+        "etp=2: the runtime shards experts over the whole tp group (etp=1 or etp=tp=4)"]
+    assert check_runtime_support(moe, _plan(tp=2, etp=2, ep=4, dp=2)) == [
+        "with etp=tp the experts fold inside cp*dp: ep=4 must divide cp*dp=2"]
+    assert check_runtime_support(gpt, _plan(tp=2)) == [
+        "tensor parallelism with learned position embeddings is not supported by the runtime",
+        "tensor parallelism with tied embeddings is not supported by the runtime"]
