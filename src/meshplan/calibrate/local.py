@@ -101,6 +101,11 @@ def fit_profile(bench: dict, *, base: GPUSpec, name: str) -> GPUSpec:
     hbm = base.hbm_bandwidth if datasheet else copy_bw
     calib = {"gemm_eff": rate / peak, "n_half": n_half, "attn_eff": attn_rate / peak, "mem_eff": copy_bw / hbm,
              "launch_s": float(bench["op_overhead_s"])}
+    if base.generation == "cpu":
+        # A CPU runs each op's dispatch before its work, so the overhead adds to every op instead of hiding
+        # behind asynchronous launches as on a GPU.
+        calib["op_overhead_s"] = float(bench["op_overhead_s"])
+        calib["dtensor_overhead_s"] = float(bench.get("dtensor_overhead_s", 0.0))
     changes: dict = {"name": name, "hbm_bandwidth": hbm,
                      "source": f"meshplan calibrate on {bench['device_name']} ({bench['world']} processes, "
                                f"{bench['threads']} threads each, {dtype})"}

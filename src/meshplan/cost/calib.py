@@ -43,6 +43,12 @@ class Calibration:
     """Achieved bus bandwidth over NIC rails (nccl-tests: ~42 of 50 GB/s per 400G rail)."""
     launch_s: float = 5e-6
     """Minimum duration of one kernel (launch gap, s): CUDA launch latency is 3-6 us."""
+    op_overhead_s: float = 0.0
+    """Host time per eager op that does not overlap device work (s): 0 on GPUs, whose launches run ahead
+    asynchronously; measured by ``meshplan calibrate`` on CPUs, where dispatch precedes every op."""
+    dtensor_overhead_s: float = 0.0
+    """Extra host time per op on DTensor-sharded (tensor-parallel) layers (s): sharding propagation and
+    dispatch; measured by ``meshplan calibrate`` on CPUs."""
     step_overhead_s: float = 0.02
     """Fixed per-step time outside the model (optimizer bookkeeping, data loading, logging) (s). Fitted."""
     overlap_eff: float = 0.85

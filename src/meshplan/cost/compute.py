@@ -52,12 +52,14 @@ def memory_time(nbytes: float, *, gpu: GPUSpec, calib: Calibration) -> float:
     return nbytes / (gpu.hbm_bandwidth * calib.mem_eff)
 
 
-def layer_compute(ops: LayerOps, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> tuple[float, float, float]:
+def layer_compute(ops: LayerOps, *, gpu: GPUSpec, calib: Calibration, dtype: str,
+                  sharded: bool = False) -> tuple[float, float, float]:
     """(forward, backward-input, backward-weight) compute seconds of one layer on one rank.
 
     Backward GEMMs: input and weight gradients, each of the forward's FLOPs (Narayanan et al. 2021, sec. 3.2).
     Flash-attention backward does 2.5x the forward's matmul work (Dao 2023, sec. 3.1: 5 GEMMs vs 2) and is
-    all input-gradient. Elementwise backward moves about twice the forward bytes (reads saved inputs and
+    all input-gradient. ``sharded``: the layer's tensors are DTensors (tensor parallel), whose ops pay extra
+    host dispatch. Elementwise backward moves about twice the forward bytes (reads saved inputs and
     output gradients, writes input gradients).
     """
     fwd = bi = bw = 0.0
@@ -67,4 +69,6 @@ def layer_compute(ops: LayerOps, *, gpu: GPUSpec, calib: Calibration, dtype: str
         bw += gemm_time(replace(g, m=g.k, k=g.m), gpu=gpu, calib=calib, dtype=dtype)
     att = attention_time(ops.attn_flops, gpu=gpu, calib=calib, dtype=dtype)
     ew = memory_time(ops.elementwise_bytes, gpu=gpu, calib=calib)
-    return fwd + att + ew, bi + 2.5 * att + 2 * ew, bw
+    # Host overhead that does not overlap (CPUs): every forward op once, the backward about twice as many.
+    host = ops.n_ops * (calib.op_overhead_s + (calib.dtensor_overhead_s if sharded else 0.0))
+    return fwd + att + ew + host, bi + 2.5 * att + 2 * ew + 1.5 * host, bw + 0.5 * host

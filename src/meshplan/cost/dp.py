@@ -115,10 +115,17 @@ def dp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: Cal
     return ddp_cost(dense, expert, plan=plan, links=links, calib=calib, fwd=fwd, bwd=bwd)
 
 
-def optimizer_time(dense: float, expert: float, *, plan: Plan, hbm_bandwidth: float, mem_eff: float) -> float:
+# AdamW per parameter tensor without multi-tensor apply: weight decay, two moment updates, bias corrections,
+# sqrt, division and the update (torch.optim.adamw single-tensor path, ~10 ops).
+ADAM_OPS_PER_TENSOR = 10
+
+
+def optimizer_time(dense: float, expert: float, *, plan: Plan, hbm_bandwidth: float, mem_eff: float,
+                   n_tensors: int = 0, host_s: float = 0.0) -> float:
     """Adam step, memory-bound: read fp32 master, m, v and gradient, write master, m, v and the 16-bit weight
-    (30 bytes per locally owned parameter; multi-tensor apply)."""
+    (30 bytes per locally owned parameter; multi-tensor apply), plus ``host_s`` of host overhead per op on
+    ``n_tensors`` parameter tensors where it does not overlap (CPUs)."""
     shard = plan.zero_group
     eshard = _expert_group(plan) if plan.zero >= 1 else 1
     local = dense / shard + expert / eshard
-    return 30.0 * local / (hbm_bandwidth * mem_eff)
+    return 30.0 * local / (hbm_bandwidth * mem_eff) + n_tensors * ADAM_OPS_PER_TENSOR * host_s

@@ -165,7 +165,10 @@ def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCo
         buffers += unit * (2 * 2.0 + 4.0)
     mem = _rank_memory(plan, dense=dense, expert=expert, act=act, extra_act=extra, buffers=buffers,
                        generation=ctx.gpu.generation)
-    opt = optimizer_time(dense, expert, plan=plan, hbm_bandwidth=ctx.gpu.hbm_bandwidth, mem_eff=ctx.calib.mem_eff)
+    # Sharded (ZeRO/FSDP2) and tensor-parallel parameters are DTensors: their optimizer ops pay dispatch too.
+    host = ctx.calib.op_overhead_s + (ctx.calib.dtensor_overhead_s if (plan.zero or plan.tp > 1) else 0.0)
+    opt = optimizer_time(dense, expert, plan=plan, hbm_bandwidth=ctx.gpu.hbm_bandwidth, mem_eff=ctx.calib.mem_eff,
+                         n_tensors=sum(c.n_params for c in rows) + 2, host_s=host)
     return RankCost(compute=sum(c.fwd + c.bwd_input + c.bwd_weight for c in rows),
                     recompute=sum(c.recompute for c in rows), tp=sum(c.tp_f + c.tp_b for c in rows),
                     cp=sum(c.cp_f + c.cp_b for c in rows), ep=sum(c.ep_f + c.ep_b for c in rows), dp=dp,

@@ -53,6 +53,11 @@ class LayerOps:
     """HBM bytes moved by norms, activations, residuals, RoPE, router softmax (bytes)."""
     tokens: int
     """Tokens this rank's layer processes (after cp and, for h-sized tensors with sp, tp)."""
+    n_ops: int = 0
+    """Kernels one forward of the layer launches (GEMM copies, attention, norms, activation, residual adds,
+    RoPE); the host-overhead model multiplies it."""
+    n_params: int = 0
+    """Parameter tensors of the layer (the optimizer launches a fixed number of ops per tensor)."""
 
 
 def attention_gemms(att: AttentionSpec, h: int, tokens: int, tp: int) -> list[Gemm]:
@@ -134,6 +139,16 @@ def elementwise_bytes(layer: LayerSpec, *, tokens: int, plan: Plan, dtype_bytes:
     return (hidden_traffic + act + rope) * dtype_bytes * unfused
 
 
+def op_count(layer: LayerSpec, gemms: list[Gemm], *, fused: bool) -> int:
+    """Kernels of one layer's forward. Fused (TE, torch.compile): one per norm, activation, residual add and
+    RoPE; eager PyTorch: RMSNorm ~6 ops (pow, mean, add, rsqrt, mul, mul), SiLU-and-multiply 2, complex RoPE
+    ~4 per tensor (counted from the eager decompositions)."""
+    n = sum(g.count for g in gemms) + (1 if layer.attention is not None else 0)
+    if fused:
+        return n + 2 + 1 + 2 + (2 if layer.attention is not None else 0)
+    return n + 2 * 6 + 2 + 2 + (8 if layer.attention is not None else 0)
+
+
 def layer_ops(layer: LayerSpec, *, tokens: int, plan: Plan, seq: int = 0, dtype_bytes: float = 2.0) -> LayerOps:
     """All ops of one layer on one rank for ``tokens`` tokens of one micro-batch (already divided by cp);
     ``seq`` is the full per-sample sequence each query attends over (0 = plan.seq_len)."""
@@ -150,4 +165,6 @@ def layer_ops(layer: LayerSpec, *, tokens: int, plan: Plan, seq: int = 0, dtype_
     if not plan.fused_kernels:
         gemms = [replace(g, cast_pass=True) for g in gemms]
     return LayerOps(gemms=tuple(gemms), attn_flops=attn, tokens=tokens,
+                    n_ops=op_count(layer, gemms, fused=plan.fused_kernels),
+                    n_params=len(gemms) + 2 + (4 if layer.bias else 0),
                     elementwise_bytes=elementwise_bytes(layer, tokens=tokens, plan=plan, dtype_bytes=dtype_bytes))

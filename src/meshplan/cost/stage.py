@@ -62,6 +62,8 @@ class LayerCost:
     """Activations kept for backward (bytes)."""
     full_act_bytes: float
     """Activations of the layer without recompute (live while it is recomputed) (bytes)."""
+    n_params: int = 0
+    """Parameter tensors of the layer."""
 
 
 def tokens_of(block: BlockSpec, plan: Plan) -> int:
@@ -137,9 +139,10 @@ def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:
     plan, layer = ctx.plan, block.layer
     ops = layer_ops(layer, tokens=tokens_of(block, plan), plan=plan, seq=block.tokens or plan.seq_len,
                     dtype_bytes=plan.act_bytes)
-    f, bi, bw = layer_compute(ops, gpu=ctx.gpu, calib=ctx.calib, dtype=plan.precision)
+    f, bi, bw = layer_compute(ops, gpu=ctx.gpu, calib=ctx.calib, dtype=plan.precision, sharded=plan.tp > 1)
     fwd_gemm = sum(gemm_time(g, gpu=ctx.gpu, calib=ctx.calib, dtype=plan.precision) for g in ops.gemms)
-    attn_f = f - fwd_gemm - memory_time(ops.elementwise_bytes, gpu=ctx.gpu, calib=ctx.calib)
+    host = ops.n_ops * (ctx.calib.op_overhead_s + (ctx.calib.dtensor_overhead_s if plan.tp > 1 else 0.0))
+    attn_f = f - fwd_gemm - host - memory_time(ops.elementwise_bytes, gpu=ctx.gpu, calib=ctx.calib)
     attn_f = max(attn_f, 0.0)
     tp_f, tp_b = tp_comm(layer, ops, ctx, fwd_gemm=fwd_gemm, bwd_gemm=bi + bw - 2.5 * attn_f)
     cp_f, cp_b = cp_comm(layer, ops, ctx, attn_fwd=attn_f)
@@ -159,7 +162,7 @@ def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:
     return LayerCost(fwd=f, bwd_input=bi + rec, bwd_weight=bw, recompute=rec, tp_f=tp_f,
                      tp_b=tp_b + (tp_f if full else 0.0), cp_f=cp_f, cp_b=cp_b + (cp_f if full else 0.0),
                      ep_f=ep, ep_b=ep + (ep if full else 0.0), act_bytes=per_tok * ops.tokens,
-                     full_act_bytes=full_tok * ops.tokens)
+                     full_act_bytes=full_tok * ops.tokens, n_params=ops.n_params)
 
 
 def head_cost(model: ModelSpec, ctx: Ctx) -> tuple[float, float]:

@@ -98,6 +98,20 @@ def bench_op_overhead(*, device: torch.device) -> float:
     return timed(lambda: x.add_(1.0), device=device, min_time_s=0.02)
 
 
+def bench_dtensor_overhead(*, device: torch.device) -> float:
+    """Extra seconds one tiny op costs on a DTensor (sharding propagation and dispatch), over a plain tensor:
+    tensor-parallel layers pay it on every op."""
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return 0.0
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    x = DTensor.from_local(torch.ones(8, device=device), mesh, [Shard(0)], run_check=False)
+    t = timed(lambda: x.mul(1.0), device=device, min_time_s=0.05)
+    return max(t - bench_op_overhead(device=device), 0.0)
+
+
 def group_sizes(world: int) -> list[int]:
     """Process-group sizes to measure: powers of two from 2 up to the world."""
     out, n = [], 2
@@ -156,6 +170,7 @@ def run_benchmarks(s: BenchSettings, *, device: torch.device) -> dict:
     if world > 1:
         dist.barrier()
     out["op_overhead_s"] = bench_op_overhead(device=device)
+    out["dtensor_overhead_s"] = bench_dtensor_overhead(device=device)
     out["gemm"] = bench_gemms(s, device=device, dtype=dtype)
     out["attention"] = bench_attention(s, device=device, dtype=dtype)
     out["copy"] = bench_copy(s, device=device)
