@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from meshplan.cost.calib import Calibration
 from meshplan.cost.comm import Links, collective_time
 from meshplan.cost.memory import bytes_per_param
+from meshplan.spec.cluster import GroupLink
 from meshplan.spec.plan import Plan
 
 # Megatron's DDP bucket: max(40M, 1M x dp) parameters (megatron/core/distributed/distributed_data_parallel.py).
@@ -129,3 +130,15 @@ def optimizer_time(dense: float, expert: float, *, plan: Plan, hbm_bandwidth: fl
     eshard = _expert_group(plan) if plan.zero >= 1 else 1
     local = dense / shard + expert / eshard
     return 30.0 * local / (hbm_bandwidth * mem_eff) + n_tensors * ADAM_OPS_PER_TENSOR * host_s
+
+
+def cross_pool_reduce(shard_bytes: float, *, pools: int, link: GroupLink, calib: Calibration) -> float:
+    """Gradient all-reduce between the pools of a mixed cluster, once per step (s).
+
+    Hierarchical all-reduce (Horovod's hierarchical allreduce; BlueConnect, Cho et al. 2019): reduce-scatter
+    inside each pool, all-reduce of every GPU's shard (``shard_bytes``) across the ``pools``, all-gather inside
+    each pool. The in-pool phases are the pools' own data-parallel cost; this is the cross-pool phase, ring bus
+    factor 2(k-1)/k over ``link``. Not overlapped: it needs every replica's gradients, so it starts when the
+    slowest replica's backward ends (HetPipe, Park et al. 2020, sec. 4: the step waits for the slowest worker).
+    """
+    return collective_time("all_reduce", shard_bytes, size=pools, link=link, calib=calib)

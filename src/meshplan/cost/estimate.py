@@ -6,18 +6,18 @@ once-per-step data-parallel traffic + optimizer + fixed overhead.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshplan.cost.calib import Calibration, calibration_for
 from meshplan.cost.comm import collective_time, plan_links
-from meshplan.cost.dp import DPCost, dp_cost, optimizer_time
+from meshplan.cost.dp import DPCost, cross_pool_reduce, dp_cost, optimizer_time
 from meshplan.cost.memory import bytes_per_param, layer_recompute_mode, logits_bytes, reserved_bytes
 from meshplan.cost.ops import layer_ops
 from meshplan.cost.pipeline import closed_form, inflight_microbatches, rank_stages, stage_rank
 from meshplan.cost.result import Estimate, MemoryBreakdown, StageTimes, TimeBreakdown
 from meshplan.cost.stage import Ctx, LayerCost, head_cost, layer_cost, stage_params, tokens_of
-from meshplan.spec.checks import check_plan, layer_split
-from meshplan.spec.cluster import ClusterSpec, Pool
+from meshplan.spec.checks import check_plan, layer_split, replicas_per_pool
+from meshplan.spec.cluster import ClusterSpec, GroupLink, Pool
 from meshplan.spec.model import BlockSpec, ModelSpec
 from meshplan.spec.plan import Plan
 
@@ -197,6 +197,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
             the closed form.
     """
     check_plan(model, cluster, plan)
+    if plan.batch_shares:
+        return _shared_estimate(model, cluster, plan, calib=calib, pipeline=pipeline)
     stages = stage_layers(model, plan)
     ctxs, by_pool = [], {}
     for r in range(plan.pp):
@@ -271,3 +273,58 @@ def _assemble(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, times: Stag
                     capacity=min(p.gpu.hbm_bytes for p in cluster.pools), stage_times=times,
                     bubble_fraction=pipe.bubble / step, pipeline_source="closed-form" if pipeline is None
                     else "simulator")
+
+
+# -- uneven data-parallel batch shares (only plans with ``batch_shares``) ------------------------------------------
+def replica_estimates(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
+                      calib: dict[str, dict[str, float]] | None = None, pipeline=None) -> tuple[Estimate, ...]:
+    """Each pool's data-parallel replicas estimated as a plan of their own on that pool: dp = its replicas,
+    n_micro = its share (HetPipe's virtual workers, Park et al. 2020 sec. 3; Sailor's per-pool replica time)."""
+    out = []
+    for pool, reps, share in zip(cluster.pools, replicas_per_pool(cluster, plan), plan.batch_shares):
+        sub = plan.with_(batch_shares=(), dp=reps, global_batch=reps * share * plan.micro_batch)
+        out.append(estimate(model, ClusterSpec(pools=(pool,)), sub, calib=calib, pipeline=pipeline))
+    return tuple(out)
+
+
+def cross_pool_time(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
+                    calib: dict[str, dict[str, float]] | None = None) -> float:
+    """Cross-pool phase of the gradient all-reduce (s), ``meshplan.cost.dp.cross_pool_reduce``: after the in-pool
+    reduce-scatter a GPU of pool i holds 1/(replicas_i cp) of its dense gradients and 1/edp_i of its expert
+    gradients; the pool with the fewest replicas holds the largest shard. Bandwidth: the cluster's
+    inter_pool_bandwidth, else the slower pool's NIC per GPU."""
+    if len(cluster.pools) < 2:
+        return 0.0
+    low = min(replicas_per_pool(cluster, plan))
+    _, g_bytes, _ = bytes_per_param(plan)
+    stages = stage_layers(model, plan)
+    shard = 0.0
+    for r in range(plan.pp):
+        idx = stages_of(plan, r)
+        layers = [lay for v in idx for lay in stages[v]]
+        dense, expert = stage_params(model, layers, plan, first=0 in idx, last=plan.n_stages - 1 in idx)
+        edp = max(plan.tp * plan.cp * low // (plan.ep * plan.etp), 1)
+        shard = max(shard, g_bytes * (dense / (low * plan.cp) + expert / edp))
+    slow = min(cluster.pools, key=lambda p: p.gpu.nic_bandwidth)
+    link = GroupLink(bandwidth=cluster.inter_pool_bandwidth or slow.gpu.nic_bandwidth,
+                     latency=max(p.gpu.nic_latency for p in cluster.pools), level="inter_pool")
+    cal = calibration_for(slow.gpu.name, slow.gpu.generation, calib, slow.gpu.calibration)
+    return cross_pool_reduce(shard, pools=len(cluster.pools), link=link, calib=cal)
+
+
+def _shared_estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, calib, pipeline) -> Estimate:
+    """Step of a plan with uneven batch shares (HetPipe, Park et al. 2020; Sailor, Strati et al. 2024;
+    FlashFlex, Yan et al. 2024): the slowest pool's replica step plus the cross-pool all-reduce. Memory is the
+    pool with the highest peak relative to its device memory, and ``capacity`` is that pool's."""
+    subs = replica_estimates(model, cluster, plan, calib=calib, pipeline=pipeline)
+    slow = max(subs, key=lambda e: e.step_time)
+    tb = replace(slow.time, dp_comm=slow.time.dp_comm + cross_pool_time(model, cluster, plan, calib=calib))
+    step = tb.total()
+    tight, pool = max(zip(subs, cluster.pools), key=lambda ep: ep[0].peak_memory / ep[1].gpu.hbm_bytes)
+    flops = model_flops(model, plan)
+    peak = sum(p.n_gpus * p.gpu.peak_flops("bf16" if plan.precision == "fp8" else plan.precision)
+               for p in cluster.pools)
+    return Estimate(step_time=step, tokens_per_s=plan.global_batch * plan.seq_len / step, mfu=flops / (step * peak),
+                    model_flops=flops, time=tb, memory=tight.memory, memory_per_stage=tight.memory_per_stage,
+                    capacity=pool.gpu.hbm_bytes, stage_times=slow.stage_times,
+                    bubble_fraction=slow.time.bubble / step, pipeline_source=slow.pipeline_source)

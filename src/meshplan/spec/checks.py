@@ -69,13 +69,50 @@ def _pipeline_violations(model: ModelSpec, plan: Plan) -> list[str]:
     return out
 
 
+def replicas_per_pool(cluster: ClusterSpec, plan: Plan) -> tuple[int, ...]:
+    """Data-parallel replicas each pool holds when dp is the outermost axis (every axis after it in the rank
+    order has degree 1): replica d occupies global ranks [d n/dp, (d+1) n/dp) and pools are laid out in
+    order over global ranks (``meshplan.cost.estimate.rank_pool``). Partial replicas round down."""
+    size = plan.n_gpus // plan.dp
+    return tuple(p.n_gpus // size for p in cluster.pools)
+
+
+def _shares_violations(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
+    """Uneven batch shares: one per pool, each replica inside one pool, shares adding up to the batch."""
+    shares, size = plan.batch_shares, plan.n_gpus // plan.dp
+    if len(shares) != len(cluster.pools):
+        return [f"batch_shares has {len(shares)} entries, the cluster has {len(cluster.pools)} pools"]
+    out = []
+    if plan.stride("dp") * plan.dp != plan.n_gpus:
+        out.append(f"batch_shares needs each data-parallel replica on one pool: put dp outermost in rank_order "
+                   f"(e.g. tp-cp-ep-pp-dp), not {plan.rank_order}")
+    for p in cluster.pools:
+        if p.n_gpus % size:
+            out.append(f"batch_shares: pool {p.n_gpus}x{p.gpu.name} is not a whole number of replicas of "
+                       f"tp*cp*pp={size} GPUs")
+    reps = replicas_per_pool(cluster, plan)
+    total = sum(r * s for r, s in zip(reps, shares)) * plan.micro_batch
+    if total != plan.global_batch:
+        terms = " + ".join(f"{r}*{s}" for r, s in zip(reps, shares))
+        out.append(f"batch_shares {tuple(shares)} x replicas per pool {reps} x micro_batch={plan.micro_batch} "
+                   f"= ({terms}) * {plan.micro_batch} = {total} sequences, global_batch is {plan.global_batch}")
+    if plan.zero and any(r % plan.shard_group for r in reps):
+        out.append(f"batch_shares: ZeRO shards over {plan.shard_group} replicas must stay inside one pool; set "
+                   f"dp_shard to a divisor of every pool's replicas {reps}")
+    if model.is_moe and any((plan.tp * plan.cp * r) % (plan.ep * plan.etp) for r in reps):
+        out.append(f"batch_shares: ep*etp={plan.ep * plan.etp} must divide tp*cp*replicas of every pool {reps}")
+    return out
+
+
 def plan_violations(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
     """Every constraint the plan violates against this model and cluster, as readable sentences."""
     out: list[str] = []
     if plan.n_gpus != cluster.n_gpus:
         out.append(f"tp*cp*pp*dp = {plan.tp}*{plan.cp}*{plan.pp}*{plan.dp} = {plan.n_gpus} GPUs, "
                    f"the cluster has {cluster.n_gpus}")
-    if plan.global_batch % (plan.dp * plan.micro_batch):
+    if plan.batch_shares:
+        out += _shares_violations(model, cluster, plan)
+    elif plan.global_batch % (plan.dp * plan.micro_batch):
         out.append(f"global_batch={plan.global_batch} must be a multiple of dp*micro_batch="
                    f"{plan.dp * plan.micro_batch}")
     if plan.seq_len % plan.cp:

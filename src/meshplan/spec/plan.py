@@ -79,6 +79,10 @@ class Plan:
     """Overlap TP collectives with GEMMs (Megatron/TE userbuffers)."""
     rank_order: str = DEFAULT_RANK_ORDER
     """Order of axes from fastest-varying (innermost) to slowest, e.g. ``tp-cp-ep-dp-pp``."""
+    batch_shares: tuple[int, ...] = ()
+    """Mixed clusters: micro-batches per step of each data-parallel replica, per pool in cluster order (every
+    replica on pool i runs ``batch_shares[i]``; global_batch = sum_i replicas_i * share_i * micro_batch);
+    empty = the same share everywhere (``n_micro``). Needs dp outermost so that each replica lives on one pool."""
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "seq_len", "micro_batch", "tp", "cp", "pp", "vpp", "dp", "ep", "etp"):
@@ -95,6 +99,9 @@ class Plan:
         if sorted(order) != sorted(AXES):
             raise SpecError("plan.rank_order", self.rank_order,
                             f"must be a dash-separated permutation of {', '.join(AXES)}")
+        if any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in self.batch_shares):
+            raise SpecError("plan.batch_shares", self.batch_shares,
+                            "micro-batches per replica must be integers >= 1 (leave a pool out to idle it)")
         if self.layer_split and any(x < 0 for x in self.layer_split):
             raise SpecError("plan.layer_split", self.layer_split, "layer counts must be >= 0")
 
