@@ -69,6 +69,8 @@ def test_two_processes_dp_fsdp_pp_cp(tmp_path):
         config(tmp_path, "mla_tp_sp", model=mla_q, tp=2, sp=True),
         config(tmp_path, "moe_ep_over_tp", model="tiny-moe", tp=2, sp=True, ep=2),
         config(tmp_path, "moe_etp", model="tiny-moe", tp=2, etp=2),
+        config(tmp_path, "gpt_tp_sp", model="tiny-gpt", tp=2, sp=True),  # tied vocab-parallel head, learned positions
+        config(tmp_path, "gpt_cp", model="tiny-gpt", cp=2),
     ]
     for name in ("gpipe", "1f1b"):
         cfgs.append(config(tmp_path, f"pp_{name}", pp=2, schedule=name, recompute="full"))
@@ -96,6 +98,7 @@ def test_four_processes_hsdp_tp_cp_ep(tmp_path):
         config(tmp_path, "ep_etp", model="tiny-moe", dp=2, tp=2, etp=2, ep=2, sp=True),
         config(tmp_path, "ep_over_cp", model="tiny-moe", dp=2, cp=2, ep=2, zero=3),
         config(tmp_path, "tied_pp_fsdp", model="tiny-gpt", pp=2, dp=2, zero=3),
+        config(tmp_path, "tied_pp_tp", model="tiny-gpt", pp=2, tp=2, sp=True),
     ]
     check_ok(launch(cfgs, nproc=4, tmp=tmp_path))
     _assert_match(cfgs)

@@ -108,12 +108,9 @@ def test_runtime_accepts_every_layout_the_planner_can_choose_and_says_why_not_ot
     llama, moe, gpt = catalog.model("tiny-llama"), catalog.model("tiny-moe"), catalog.model("tiny-gpt")
     for spec, plan in ((llama, _plan(cp=2, cp_kind="a2a")), (_mla(), _plan(tp=2, cp=2)), (llama, _plan(tp=4)),
                        (moe, _plan(tp=2, ep=2)), (moe, _plan(tp=2, etp=2)), (moe, _plan(dp=2, tp=2, ep=4)),
-                       (gpt, _plan(pp=2))):
+                       (gpt, _plan(pp=2)), (gpt, _plan(tp=2, cp=2, sp=True)), (gpt, _plan(tp=2, pp=2))):
         assert check_runtime_support(spec, plan) == [], plan
     assert check_runtime_support(moe, _plan(tp=4, etp=2)) == [
         "etp=2: the runtime shards experts over the whole tp group (etp=1 or etp=tp=4)"]
     assert check_runtime_support(moe, _plan(tp=2, etp=2, ep=4, dp=2)) == [
         "with etp=tp the experts fold inside cp*dp: ep=4 must divide cp*dp=2"]
-    assert check_runtime_support(gpt, _plan(tp=2)) == [
-        "tensor parallelism with learned position embeddings is not supported by the runtime",
-        "tensor parallelism with tied embeddings is not supported by the runtime"]

@@ -76,7 +76,8 @@ class Trainer:
     """Expert-parallel wiring, or None."""
     tp_partial: tuple[torch.nn.Parameter, ...] = ()
     """Parameters kept whole on every tp rank whose gradients are partial sums over tp (MoE routers and shared
-    experts, which each tp rank runs on its own tokens or its slice of the experts); summed after backward."""
+    experts, which each tp rank runs on its own tokens or its slice of the experts; learned positions under SP);
+    summed after backward."""
     tied: TiedSync | None = None
     """Tied-embedding copies across pipeline stages, or None."""
 
@@ -118,9 +119,11 @@ def _shard_experts(part: Decoder, mesh: DeviceMesh) -> list[torch.nn.Parameter]:
     return params
 
 
-def _tp_partial_params(parts: list[Decoder], *, experts_too: bool) -> tuple[torch.nn.Parameter, ...]:
+def _tp_partial_params(parts: list[Decoder], *, experts_too: bool, sp: bool) -> tuple[torch.nn.Parameter, ...]:
     out: list[torch.nn.Parameter] = []
     for part in parts:
+        if sp and part.pos_embeddings is not None:
+            out.append(part.pos_embeddings.weight)
         for m in part.modules():
             if isinstance(m, MoE):
                 out += list(m.router.parameters()) + (list(m.shared.parameters()) if m.shared is not None else [])
@@ -176,7 +179,7 @@ def build_trainer(cfg: RunConfig, spec: ModelSpec, meshes: Meshes, device: torch
         schedule = build_schedule(plan=plan, parts=parts, stage_ids=stage_ids, device=device,
                                   group=meshes.axis("pp").get_group(), loss_fn=loss_fn)
     experts = ExpertSync(mesh=ep_mesh, divide=plan.dp * plan.cp) if ep_mesh is not None else None
-    partial = _tp_partial_params(parts, experts_too=ep_mesh is None) if plan.tp > 1 else ()
+    partial = _tp_partial_params(parts, experts_too=ep_mesh is None, sp=plan.sp) if plan.tp > 1 else ()
     tied = _tied_sync(plan, meshes, parts, stage_ids) if plan.pp > 1 and spec.tied_embeddings else None
     return Trainer(cfg=cfg, spec=spec, meshes=meshes, device=device, parts=tuple(parts), stage_ids=stage_ids,
                    optimizers=optimizers, schedule=schedule, positions=positions, experts=experts,
@@ -219,6 +222,11 @@ def _sync_tied(t: Trainer) -> None:
     use), so every copy takes the same optimizer step."""
     if t.tied is None or not t.tied.params:
         return
+    for p in t.tied.params:
+        # A vocabulary-sharded embedding's lookup leaves a replicated gradient; the head's is sharded like the
+        # weight. Sum them in the weight's layout (a local slice, no communication).
+        if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+            p.grad = p.grad.redistribute(placements=p.placements)
     grads = [g for g in (_local_grad(p) for p in t.tied.params) if g is not None]
     total = torch.stack(grads).sum(0) if len(grads) > 1 else grads[0].clone()
     if t.tied.group is not None:

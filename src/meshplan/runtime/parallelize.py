@@ -29,10 +29,6 @@ def check_runtime_support(spec: ModelSpec, plan: Plan) -> list[str]:
     if plan.tp > 1 and att is not None and att.kind == "gqa" and att.n_kv_heads % plan.tp \
             and plan.tp % att.n_kv_heads:
         out.append(f"tp={plan.tp} and the {att.n_kv_heads} kv heads must divide one another")
-    if plan.tp > 1 and spec.position == "learned":
-        out.append("tensor parallelism with learned position embeddings is not supported by the runtime")
-    if plan.tp > 1 and spec.tied_embeddings:
-        out.append("tensor parallelism with tied embeddings is not supported by the runtime")
     if plan.etp > 1 and plan.etp != plan.tp:
         out.append(f"etp={plan.etp}: the runtime shards experts over the whole tp group (etp=1 or etp=tp={plan.tp})")
     if plan.etp > 1 and plan.etp == plan.tp and (plan.cp * plan.dp) % plan.ep:
@@ -40,8 +36,6 @@ def check_runtime_support(spec: ModelSpec, plan: Plan) -> list[str]:
     moe = [b.layer.moe for b in spec.blocks if b.layer.moe is not None]
     if plan.etp > 1 and any(m.expert_ffn_hidden % plan.etp for m in moe):
         out.append(f"etp={plan.etp} must divide the experts' ffn width")
-    if plan.cp > 1 and spec.position == "learned":
-        out.append("context parallelism with learned position embeddings is not supported by the runtime")
     return out
 
 
@@ -136,20 +130,33 @@ def _wire_attention(att: nn.Module, meshes: Meshes) -> None:
         att.tp_mesh = meshes.tp
 
 
+def _sequence_shard_of(meshes: Meshes):
+    """Forward pre-hook: keep the positions of this tp rank's sequence shard (learned positions under SP are
+    looked up for the shard only; their gradient is then a partial sum over tp, see tp_partial)."""
+    tp, rank = meshes.plan.tp, meshes.rank_in("tp")
+
+    def hook(_mod, args):
+        return (args[0].chunk(tp)[rank],) + args[1:]
+    return hook
+
+
 def apply_tp(part: Decoder, meshes: Meshes) -> None:
     """Megatron-style tensor parallelism with optional sequence parallelism, via DTensor parallelize_module."""
     sp = meshes.plan.sp
     seq = Shard(1) if sp else Replicate()
     top: dict = {}
-    if part.tok_embeddings is not None and part.first:
+    if part.tok_embeddings is not None:  # the last stage's tied copy too: the head reads its vocabulary rows
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
     if part.last:
         if sp:
             top["norm"] = SequenceParallel()
-        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+        if part.output is not None:
+            top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
     # Between pipeline stages each tp rank passes its own local activations (the sequence shard under SP), so a
     # later stage needs no input redistribution.
     parallelize_module(part, meshes.tp, top)
+    if part.pos_embeddings is not None and sp:
+        part.pos_embeddings.register_forward_pre_hook(_sequence_shard_of(meshes))
     for block in part.layers.values():
         parallelize_module(block, meshes.tp, _layer_tp_plan(block, meshes.plan))
         _wire_attention(block.attention, meshes)

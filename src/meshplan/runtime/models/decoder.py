@@ -12,6 +12,7 @@ import zlib
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
 from torch.utils.checkpoint import checkpoint
 
 from meshplan.errors import SpecError
@@ -110,7 +111,19 @@ class Decoder(nn.Module):
         h = self.norm(h)
         if self.output is not None:
             return self.output(h)
-        return h @ self.tok_embeddings.weight.t()
+        return tied_logits(h, self.tok_embeddings.weight)
+
+
+def tied_logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Output head on the tied embedding. Under tensor parallelism the embedding is split by vocabulary rows
+    (a DTensor), so each tp rank computes its vocabulary slice of the logits from the gathered sequence and the
+    slices are gathered (Megatron's parallel LM head on the shared word embedding)."""
+    if not isinstance(weight, DTensor):
+        return h @ weight.t()
+    if not isinstance(h, DTensor):
+        h = DTensor.from_local(h, weight.device_mesh, [Replicate()], run_check=False)
+    logits = h.redistribute(placements=[Replicate()]) @ weight.t()
+    return logits.redistribute(placements=[Replicate()]).to_local()
 
 
 def _param_seed(seed: int, name: str) -> int:
