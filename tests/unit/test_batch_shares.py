@@ -11,6 +11,7 @@ from meshplan import catalog
 from meshplan.cost.calib import calibration_for
 from meshplan.cost.estimate import cross_pool_time, estimate, replica_estimates
 from meshplan.errors import PlanError, SpecError
+from meshplan.search.shares import proportional_shares, shares_floor, shares_template
 from meshplan.spec.cluster import ClusterSpec, Pool
 from meshplan.spec.plan import Plan
 
@@ -111,3 +112,40 @@ def test_one_pool_share_is_the_plain_plan():
     plan = BASE
     assert estimate(MODEL, one, plan.with_(batch_shares=(6,))).step_time == \
         pytest.approx(estimate(MODEL, one, plan.with_(dp_shard=4)).step_time, rel=1e-12)
+
+
+def test_proportional_shares_by_hand():
+    # Pool 1 twice as fast: 4 + 8 micro-batches per replica, both finish at 8 s.
+    assert proportional_shares((4, 4), lambda i, s: s * (2.0, 1.0)[i], 48) == (4, 8)
+    # Three pools of 2, 2, 1 replicas at 2, 1 and 8 s per micro-batch, 64 micro-batches: 2 s1 + 2 s2 + s3 = 64
+    # makes s3 even; s3 = 2 (16 s) leaves s1 + s2 = 31, best (10, 21) -> 20 and 21 s; s3 = 4 takes 32 s.
+    assert proportional_shares((2, 2, 1), lambda i, s: s * (2.0, 1.0, 8.0)[i], 64) == (10, 21, 2)
+    # A fill term (pipeline bubble) moves work to the pool it costs least.
+    assert proportional_shares((1, 1), lambda i, s: (s + 3) * 1.0, 10) == (5, 5)
+    # 3 and 2 replicas, 11 micro-batches: the greedy reaches (2, 2) with one left over; the exact search
+    # finds 3*1 + 2*4 (4 s) and 3*3 + 2*1 (3 s) and keeps the latter.
+    assert proportional_shares((3, 2), lambda i, s: float(s), 11) == (3, 1)
+    # No exact total: 3 replicas on each pool cannot make 10.
+    assert proportional_shares((3, 3), lambda i, s: float(s), 10) is None
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=6), min_size=2, max_size=4),
+       st.lists(st.floats(min_value=0.1, max_value=10.0), min_size=4, max_size=4), st.integers(min_value=0, max_value=80))
+def test_proportional_shares_sum_and_bound(reps, works, extra):
+    reps = tuple(reps)
+    total = sum(reps) + extra * reps[0]
+    got = proportional_shares(reps, lambda i, s: s * works[i], total)
+    assert got is not None and min(got) >= 1
+    assert sum(r * s for r, s in zip(reps, got)) == total
+    # The continuous bound never exceeds the rounded shares' slowest pool.
+    worst = max(s * works[i] for i, s in enumerate(got))
+    assert shares_floor(reps, tuple(works[:len(reps)]), total=total, pp=1) <= worst * (1 + 1e-12)
+
+
+def test_template_puts_dp_outermost_and_shards_inside_pools():
+    plan = Plan(global_batch=64, seq_len=4096, tp=2, pp=2, dp=8, zero=1)
+    tpl, reps = shares_template(MODEL, TWO, plan)
+    assert reps == (4, 4) and tpl.rank_order == "tp-cp-ep-pp-dp" and tpl.dp_shard == 4
+    assert shares_template(MODEL, ClusterSpec(pools=(Pool(gpu=A100, n_gpus=32),)), plan) is None
+    assert shares_template(MODEL, TWO, plan.with_(tp=4, pp=8, dp=1)) is None   # a replica spans both pools

@@ -26,6 +26,18 @@ def test_pruned_equals_exhaustive(model, gpus, gb, seq):
     assert sum(fast.pruned.values()) > 0
 
 
+def test_uneven_shares_found_and_exact_when_pipelines_are_pinned_off():
+    # Without pipelining, dp replicas on both pools: the H100 replicas take ~3x the A100's micro-batches.
+    fast = _best("gpt-1.7b", "8xa100-80gb+8xh100-sxm", 64, 2048, pins={"pp": 1})
+    full = _best("gpt-1.7b", "8xa100-80gb+8xh100-sxm", 64, 2048, pins={"pp": 1}, exhaustive=True)
+    p = fast.best.plan
+    assert p.batch_shares == (1, 3) and p.rank_order.split("-")[-1] in ("dp", "pp")
+    assert 8 // (p.tp * p.cp) * sum(p.batch_shares) * p.micro_batch == 64   # 8 GPUs per pool / replica size
+    assert fast.best.estimate.step_time == pytest.approx(full.best.estimate.step_time, rel=1e-12)
+    h100 = _best("gpt-1.7b", "8xh100-sxm", 64, 2048, pins={"pp": 1})
+    assert fast.best.estimate.step_time < 0.9 * h100.best.estimate.step_time
+
+
 def test_mixed_cluster_never_slower_than_its_pools():
     both = _best("llama2-7b", "8xa100-80gb+8xh100-sxm", 32, 4096)
     h100 = _best("llama2-7b", "8xh100-sxm", 32, 4096)

@@ -14,11 +14,12 @@ from typing import Callable
 from meshplan.cost.estimate import estimate, rank_pool
 from meshplan.errors import MeshplanError
 from meshplan.search.bounds import (LayerTable, dp_exact, even_pipeline_bound, even_split_work, layer_table,
-                                    group_time_bound, p2p_lower_bound, recompute_extra, static_lower_bound,
-                                    time_lower_bound)
+                                    group_time_bound, p2p_lower_bound, pipeline_factor, recompute_extra,
+                                    static_lower_bound, time_lower_bound)
 from meshplan.search.hetero import cluster_variants
 from meshplan.search.request import SearchRequest
 from meshplan.search.result import RankedPlan, SearchResult
+from meshplan.search.shares import proportional_shares, shares_floor, shares_template
 from meshplan.search.space import degree_tuples, groups, leaf_plan
 from meshplan.search.split import balanced_split
 from meshplan.spec.cluster import ClusterSpec
@@ -51,12 +52,22 @@ class _Run:
         self.considered = 0
         self.leanest: tuple[float, RankedPlan] | None = None
         self.lean_leaf: tuple[float, int, Plan] | None = None
+        # Shares plans are built once per variant with pools in cluster order (the order does not matter to them).
+        self.share_variants = {vi for vi, v in enumerate(self.variants)
+                               if len(v.pools) > 1 and _in_cluster_order(v, cluster)}
+        self.shares_seen: set[Plan] = set()
+        self.shares_memo: dict[tuple, tuple[int, ...] | None] = {}
 
     # -- costs -------------------------------------------------------------------------------------------
+    @staticmethod
+    def layer_key(plan: Plan) -> tuple:
+        """What per-layer costs depend on besides the pool."""
+        return (plan.tp, plan.cp, plan.micro_batch, plan.cp_kind, plan.ep, plan.etp, plan.sp, plan.rank_order,
+                plan.tp_comm_overlap)
+
     def table(self, pool, plan: Plan) -> LayerTable:
         """Per-layer costs, shared by every leaf with the same pool and intra-layer layout."""
-        key = (id(pool), plan.tp, plan.cp, plan.micro_batch, plan.cp_kind, plan.ep, plan.etp, plan.sp,
-               plan.rank_order, plan.tp_comm_overlap)
+        key = (id(pool), *self.layer_key(plan))
         if key not in self.tables:
             self.tables[key] = layer_table(self.model, pool, plan, calib=self.calib)
         return self.tables[key]
@@ -65,6 +76,14 @@ class _Run:
         """Memory limit of each pipeline rank (bytes)."""
         var = self.variants[vi]
         return [self.req.max_memory_fraction * rank_pool(var, plan, r).gpu.hbm_bytes for r in range(plan.pp)]
+
+    def over(self, vi: int, rp: RankedPlan) -> float:
+        """Bytes by which the tightest rank exceeds its memory limit (<= 0: fits). Shares plans: the estimate
+        reports the pool with the highest peak relative to its device memory."""
+        est = rp.estimate
+        if rp.plan.batch_shares:
+            return est.peak_memory - self.req.max_memory_fraction * est.capacity
+        return max(m.total() - lim for m, lim in zip(est.memory_per_stage, self.limits(vi, rp.plan)))
 
     def key(self, vi: int, step: float) -> float:
         """Objective: step time, or currency per token for the cost objective."""
@@ -101,7 +120,55 @@ class _Run:
             self.lean_leaf = (mem / cap, vi, plan)
         if mem > cap and not self.req.exhaustive:
             return None
-        return self.key(vi, max(group_time_bound(fast, plan), self.mixed_floor(vi, plan)))
+        floor = self.mixed_floor(vi, plan)
+        tpl = self.shares_base(vi, plan)
+        if tpl is not None:
+            reps, works = tpl[1], tuple(self.table(p, plan).work for p in self.variants[vi].pools)
+            floor = min(floor, shares_floor(reps, works, total=plan.global_batch // plan.micro_batch, pp=plan.pp))
+        return self.key(vi, max(group_time_bound(fast, plan), floor))
+
+    def shares_base(self, vi: int, plan: Plan) -> tuple[Plan, tuple[int, ...]] | None:
+        """The leaf's dp-outermost layout and replicas per pool, where uneven shares apply."""
+        if vi not in self.share_variants:
+            return None
+        return shares_template(self.model, self.variants[vi], plan)
+
+    def shares_plan(self, vi: int, plan: Plan) -> Plan | None:
+        """The leaf with batch shares sized to each pool's speed (``proportional_shares`` on the pipeline bound
+        m -> pipeline_factor(m) W_i / pp of each pool); None where shares do not apply or come out even (the
+        even split is the leaf itself)."""
+        tpl = self.shares_base(vi, plan)
+        if tpl is None:
+            return None
+        base, reps = tpl
+        key = (vi, self.layer_key(plan), plan.schedule_name, plan.pp, plan.vpp)
+        if key not in self.shares_memo:
+            tabs = [self.table(p, plan) for p in self.variants[vi].pools]
+
+            def finish(i: int, m: int) -> float:
+                f = pipeline_factor(plan.schedule_name if plan.pp > 1 else "", pp=plan.pp, vpp=plan.vpp,
+                                    n_micro=m, share=tabs[i].share)
+                return f * tabs[i].work / plan.pp
+
+            self.shares_memo[key] = proportional_shares(reps, finish, plan.global_batch // plan.micro_batch)
+        shares = self.shares_memo[key]
+        if shares is None or len(set(shares)) == 1:
+            return None
+        return base.with_(batch_shares=shares)
+
+    def shares_bound(self, vi: int, plan: Plan, cap: float) -> float | None:
+        """Objective lower bound of a shares plan: the leaf bound on the fastest pool (no p2p: the slowest
+        replica's sends are not known; no data-parallel term), raised to the slowest pool's pipeline bound for
+        its share."""
+        fast = self.fastest(vi, plan)
+        extra = recompute_extra(fast, plan, limit=cap, selective=self.req.pins.get("recompute") in (None, "selective"))
+        if extra is None and not self.req.exhaustive:
+            return None
+        tabs = [self.table(p, plan) for p in self.variants[vi].pools]
+        sched = plan.schedule_name if plan.pp > 1 else ""
+        floor = max(pipeline_factor(sched, pp=plan.pp, vpp=plan.vpp, n_micro=s, share=t.share) * t.work / plan.pp
+                    for s, t in zip(plan.batch_shares, tabs))
+        return self.key(vi, time_lower_bound(fast, plan, extra_work=extra or 0.0, pipe_floor=floor))
 
     def mixed_floor(self, vi: int, plan: Plan) -> float:
         """Mixed pools: rank r runs the whole model's layers in W_r on its pool, so for any split the slowest
@@ -134,7 +201,7 @@ class _Run:
     def split(self, vi: int, plan: Plan, *, force: bool = False) -> tuple[int, ...]:
         """Layer split: even on one pool (the published family), the kernel's on mixed pools or when forced."""
         var = self.variants[vi]
-        if plan.pp == 1 or (var.homogeneous and not force):
+        if plan.pp == 1 or (var.homogeneous and not force) or plan.batch_shares:
             return ()
         tabs = [self.table(rank_pool(var, plan, r), plan) for r in range(plan.pp)]
         return balanced_split(self.model, plan, tables=tabs, limits=self.limits(vi, plan)) or ()
@@ -149,13 +216,18 @@ class _Run:
             self.pruned["invalid after split"] += 1
             return None
         rp = RankedPlan(plan=plan, cluster=var, estimate=est, dollars_per_hour=dollars_per_hour(var, self.req.prices))
-        ratio = max(m.total() / lim for m, lim in zip(est.memory_per_stage, self.limits(vi, plan)))
+        if plan.batch_shares:
+            ratio = est.peak_memory / (self.req.max_memory_fraction * est.capacity)
+        else:
+            ratio = max(m.total() / lim for m, lim in zip(est.memory_per_stage, self.limits(vi, plan)))
         if self.leanest is None or ratio < self.leanest[0]:
             self.leanest = (ratio, rp)
         return rp
 
     def fits(self, vi: int, rp: RankedPlan) -> bool:
         """Every rank's peak within its pool's limit."""
+        if rp.plan.batch_shares:
+            return self.over(vi, rp) <= 0
         lims = self.limits(vi, rp.plan)
         return all(m.total() <= lim for m, lim in zip(rp.estimate.memory_per_stage, lims))
 
@@ -200,8 +272,7 @@ class _Run:
         """Fewest fully recomputed layers per rank that fit, from a linear guess between none and all."""
         per_rank = max(sum(full.plan.layer_split[r::plan.pp]) for r in range(plan.pp)) if full.plan.layer_split \
             else -(-self.model.n_layers // plan.pp)
-        lims = self.limits(vi, plan)
-        over = max(m.total() - lim for m, lim in zip(base.estimate.memory_per_stage, lims))
+        over = self.over(vi, base)
         span = max(base.estimate.peak_memory - full.estimate.peak_memory, 1.0)
         k = max(1, math.ceil(over / span * per_rank))
         if "recompute_layers" in self.req.pins:
@@ -314,6 +385,22 @@ def _expand(run: _Run, heap: list, vi: int, g, cap: float) -> None:
             run.pruned["memory (lower bound)"] += 1
             continue
         heappush(heap, (lb, len(heap) + 1_000_000_000, vi, g, cap, plan))
+        shared = run.shares_plan(vi, plan)
+        if shared is None or shared in run.shares_seen:
+            continue
+        run.shares_seen.add(shared)
+        lb = run.shares_bound(vi, shared, cap)
+        if lb is None:
+            run.pruned["memory (lower bound)"] += 1
+            continue
+        run.considered += 1
+        heappush(heap, (lb, len(heap) + 1_000_000_000, vi, g, cap, shared))
+
+
+def _in_cluster_order(variant: ClusterSpec, cluster: ClusterSpec) -> bool:
+    """The variant's pools appear in the cluster's order (one representative per subset of pools)."""
+    idx = [next(i for i, p in enumerate(cluster.pools) if p is q) for q in variant.pools]
+    return idx == sorted(idx)
 
 
 def _finish(run: _Run, t0: float) -> SearchResult:

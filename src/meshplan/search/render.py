@@ -23,6 +23,8 @@ def layout(rp: RankedPlan) -> str:
     if p.ep > 1:
         parts.append(f"ep{p.ep}" + (f"/etp{p.etp}" if p.etp > 1 else ""))
     parts.append(f"z{p.zero}" + (f"/{p.dp_shard}" if p.dp_shard else ""))
+    if p.batch_shares:
+        parts.append("shares " + ":".join(str(s) for s in p.batch_shares))
     return " ".join(parts)
 
 
