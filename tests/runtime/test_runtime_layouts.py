@@ -10,7 +10,7 @@ from runtime_helpers import TOL, check_ok, config, grad_norms, launch, losses
 
 from meshplan import catalog
 from meshplan.runtime.train import reference_rows
-from meshplan.spec.model import decoder_model
+from meshplan.spec.model import MoESpec, decoder_model
 
 pytestmark = pytest.mark.runtime
 
@@ -23,14 +23,24 @@ MLA = {"name": "tiny-mla", "n_layers": 4, "hidden": 64, "n_heads": 4, "n_kv_head
        "v_head_dim": 12}
 """A DeepSeek-style MLA model: 16 non-RoPE + 8 RoPE query/key dims, 12 value dims, a 16-wide kv latent."""
 
+DEEPSEEK = {**MLA, "name": "tiny-deepseek", "n_layers": 3, "q_lora_rank": 32, "first_dense": 1, "ffn_hidden": 32,
+            "dense_ffn_hidden": 128, "moe": {"n_experts": 4, "top_k": 2, "expert_ffn_hidden": 32,
+                                             "n_shared_experts": 1}}
+"""A tiny DeepSeek-V3: MLA with query compression, one dense layer, then MoE layers with a shared expert."""
 
-def _mla_model(tmp_path, *, q_lora_rank: int = 0) -> str:
-    """Write the tiny MLA model (with query compression when q_lora_rank > 0) as a model file; returns its path."""
-    d = {**MLA, **({"q_lora_rank": q_lora_rank, "name": "tiny-mla-q"} if q_lora_rank else {})}
+
+def _model_file(tmp_path, d: dict) -> str:
+    """Write a short-form model as a model file (checked against decoder_model); returns its path."""
     path = tmp_path / f"{d['name']}.json"
     path.write_text(json.dumps(d))
-    assert catalog.model(str(path)) == decoder_model(**d)
+    kw = {**d, "moe": MoESpec(**d["moe"])} if "moe" in d else d
+    assert catalog.model(str(path)) == decoder_model(**kw)
     return str(path)
+
+
+def _mla_model(tmp_path, *, q_lora_rank: int = 0) -> str:
+    """The tiny MLA model (with query compression when q_lora_rank > 0) as a model file."""
+    return _model_file(tmp_path, {**MLA, **({"q_lora_rank": q_lora_rank, "name": "tiny-mla-q"} if q_lora_rank else {})})
 
 
 def _assert_match(cfgs) -> None:
@@ -50,7 +60,7 @@ def _assert_match(cfgs) -> None:
 
 
 def test_two_processes_dp_fsdp_pp_cp(tmp_path):
-    mla, mla_q = _mla_model(tmp_path), _mla_model(tmp_path, q_lora_rank=32)
+    mla, mla_q, ds = _mla_model(tmp_path), _mla_model(tmp_path, q_lora_rank=32), _model_file(tmp_path, DEEPSEEK)
     sched_csv = tmp_path / "gpipe_like.csv"
     sched_csv.write_text("0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1F1,1F2,1F3,1B0,1B1,1B2,1B3\n")
     cfgs = [
@@ -71,6 +81,8 @@ def test_two_processes_dp_fsdp_pp_cp(tmp_path):
         config(tmp_path, "moe_etp", model="tiny-moe", tp=2, etp=2),
         config(tmp_path, "gpt_tp_sp", model="tiny-gpt", tp=2, sp=True),  # tied vocab-parallel head, learned positions
         config(tmp_path, "gpt_cp", model="tiny-gpt", cp=2),
+        config(tmp_path, "deepseek_ep_tp", model=ds, tp=2, sp=True, ep=2),
+        config(tmp_path, "deepseek_etp", model=ds, tp=2, etp=2),
     ]
     for name in ("gpipe", "1f1b"):
         cfgs.append(config(tmp_path, f"pp_{name}", pp=2, schedule=name, recompute="full"))
