@@ -4,8 +4,9 @@ import pytest
 
 from meshplan import catalog
 from meshplan.cost.estimate import estimate
-from meshplan.search.bounds import (layer_table, memory_lower_bound, pipeline_factor, static_lower_bound,
-                                    time_lower_bound)
+from meshplan.search.bounds import (layer_table, memory_lower_bound, mixed_pipeline_floor, pipeline_factor,
+                                    static_lower_bound, time_lower_bound)
+from meshplan.search.driver import _Run
 from meshplan.search.request import SearchRequest
 from meshplan.search.space import Degrees, Leaf, leaf_plan
 
@@ -32,3 +33,27 @@ def test_bounds_below_estimate(pp, vpp, sched, zero, mb):
     assert time_lower_bound(table, plan) <= est.step_time
     assert static_lower_bound(table, plan) <= est.peak_memory
     assert memory_lower_bound(table, plan, mode="none") <= est.peak_memory * (1 + 1e-9)
+
+
+def test_mixed_pipeline_floor_by_hand():
+    # Two ranks doing all layers in 1 s and 3 s: shares 0.75 / 0.25 take 0.75 s each.
+    assert mixed_pipeline_floor([1.0, 3.0], [0.0, 0.0], [0.0, 0.0]) == pytest.approx(0.75)
+    # A 0.5 s head on the second rank: (1 + 0.5 / 3) / (1 + 1/3) = 0.875 s.
+    assert mixed_pipeline_floor([1.0, 3.0], [0.0, 0.5], [0.0, 0.0]) == pytest.approx(0.875)
+    # A rank that must hold a layer of 2 s dominates.
+    assert mixed_pipeline_floor([1.0, 30.0], [0.0, 0.0], [0.0, 2.0]) == 2.0
+
+
+@pytest.mark.parametrize("sched,vpp", [("zb_h1", 1), ("1f1b", 1), ("interleaved_1f1b", 2)])
+def test_mixed_leaf_bound_below_estimate_with_unlike_blocks(sched, vpp):
+    # LLaVA's vision and language blocks slow down by different factors on a V100 (no bf16 tensor cores): the
+    # bound must use the smallest per-block slowdown, not the whole model's.
+    model, cluster = catalog.model("llava-1.5-7b"), catalog.cluster("8xa100-80gb+8xv100")
+    req = SearchRequest(global_batch=16, seq_len=2048, simulate=False)
+    run = _Run(model, cluster, req, None)
+    vi = next(i for i, v in enumerate(run.variants) if v.describe() == "8xv100+8xa100-80gb")
+    deg = Degrees(tp=8, cp=1, pp=2, dp=1, ep=1, etp=1)
+    plan = leaf_plan(Leaf(deg=deg, micro_batch=1, schedule=sched, vpp=vpp, zero=0, dp_shard=0, cp_kind="ring"), req)
+    bound = run.leaf_bound(vi, plan, 80e9)
+    est = estimate(model, run.variants[vi], plan.with_(layer_split=run.split(vi, plan)))
+    assert bound <= est.step_time

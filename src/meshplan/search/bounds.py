@@ -142,6 +142,19 @@ def pipeline_factor(schedule: str, *, pp: int, vpp: int, n_micro: int, share: fl
     return m + share * (p - 1)
 
 
+def mixed_pipeline_floor(layers: list[float], heads: list[float], least: list[float]) -> float:
+    """Busiest rank's work per micro-batch for any layer split over ranks of different speed (s): rank r runs
+    the share x_r of the layers in x_r L_r (``layers[r]``: all layers on its pool) plus its fixed ``heads[r]``,
+    and holds at least ``least[r]`` of work. The continuous relaxation of the stage sizing (HAPT / Metis):
+    sum_r (T - h_r) / L_r >= 1 gives T >= (1 + sum_r h_r / L_r) / sum_r 1 / L_r; and T >= h_r + least_r.
+
+    Example: L = (1, 3) s, no head, no minimum: T = 1 / (1 + 1/3) = 0.75 s (x = 0.75, 0.25).
+    """
+    inv = sum(1.0 / max(L, 1e-30) for L in layers)
+    fixed = sum(h / max(L, 1e-30) for h, L in zip(heads, layers))
+    return max((1.0 + fixed) / inv, max(h + m for h, m in zip(heads, least)))
+
+
 def p2p_lower_bound(model: ModelSpec, pool: Pool, plan: Plan, *, calib) -> float:
     """Exposed pipeline sends on the critical path (s): the closed form's transfer term for the smallest
     activation any stage sends, over the link two pipeline neighbours share."""

@@ -12,10 +12,11 @@ from collections import Counter
 from typing import Callable
 
 from meshplan.cost.estimate import estimate, rank_pool
+from meshplan.cost.pipeline import stage_rank
 from meshplan.errors import MeshplanError
 from meshplan.search.bounds import (LayerTable, dp_exact, even_pipeline_bound, even_split_work, layer_table,
-                                    group_time_bound, p2p_lower_bound, pipeline_factor, recompute_extra,
-                                    static_lower_bound, time_lower_bound)
+                                    group_time_bound, mixed_pipeline_floor, p2p_lower_bound, pipeline_factor,
+                                    recompute_extra, static_lower_bound, time_lower_bound)
 from meshplan.search.hetero import cluster_variants
 from meshplan.search.request import SearchRequest
 from meshplan.search.result import RankedPlan, SearchResult
@@ -171,14 +172,25 @@ class _Run:
         return self.key(vi, time_lower_bound(fast, plan, extra_work=extra or 0.0, pipe_floor=floor))
 
     def mixed_floor(self, vi: int, plan: Plan) -> float:
-        """Mixed pools: rank r runs the whole model's layers in W_r on its pool, so for any split the slowest
-        rank takes at least 1 / sum_r (1 / W_r) per micro-batch (continuous relaxation of the stage sizing);
-        m of them bound the step (s). 0 on one pool."""
+        """Mixed pools: ``mixed_pipeline_floor`` of the ranks' layer work on their pools (the fastest pool's, times
+        the smallest per-block slowdown of the rank's pool), the head on the rank that holds the last stage, and
+        at least vpp layers per rank (every split search evaluates gives each virtual stage a layer); m of them
+        bound the step (s). 0 on one pool."""
         var = self.variants[vi]
         if var.homogeneous:
             return 0.0
-        inv = sum(1.0 / max(self.table(rank_pool(var, plan, r), plan).work, 1e-30) for r in range(plan.pp))
-        return plan.n_micro / inv
+        head_rank = stage_rank(plan.schedule_name, stage=plan.n_stages - 1, pp=plan.pp)
+        ref = self.fastest(vi, plan)
+        ref_layers = ref.work - ref.head
+        layers, heads, least = [], [], []
+        for r in range(plan.pp):
+            t = self.table(rank_pool(var, plan, r), plan)
+            # Blocks may slow down by different factors on another GPU: the smallest factor bounds every split.
+            ratio = min(b.work / max(a.work, 1e-30) for b, a in zip(t.blocks, ref.blocks))
+            layers.append(ratio * ref_layers)
+            heads.append(t.head if r == head_rank else 0.0)
+            least.append(plan.vpp * min(b.work for b in t.blocks))
+        return plan.n_micro * mixed_pipeline_floor(layers, heads, least)
 
     def leaf_bound(self, vi: int, plan: Plan, cap: float) -> float | None:
         """Objective lower bound of a leaf, or None when it cannot fit even with full recompute."""
