@@ -160,12 +160,18 @@ def p2p_lower_bound(model: ModelSpec, pool: Pool, plan: Plan, *, calib) -> float
     activation any stage sends, over the link two pipeline neighbours share."""
     if plan.pp == 1:
         return 0.0
+    return p2p_send_time(model, pool, plan, calib=calib) * p2p_factor(plan.schedule_name, pp=plan.pp,
+                                                                      vpp=plan.vpp, n_micro=plan.n_micro)
+
+
+def p2p_send_time(model: ModelSpec, pool: Pool, plan: Plan, *, calib) -> float:
+    """The smallest activation send between pipeline neighbours (s); depends on the pool, the intra-layer
+    layout and the pipeline stride only, so search caches it."""
     cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib, pool.gpu.calibration)
     link = group_link(pool, size=2, stride=plan.stride("pp"))
     h_div = plan.tp if plan.sp else 1
-    t = min(collective_time("send_recv", tokens_of(b, plan) * b.layer.hidden * 2.0 / h_div, size=2, link=link,
-                            calib=cal) for b in model.blocks)
-    return t * p2p_factor(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
+    return min(collective_time("send_recv", tokens_of(b, plan) * b.layer.hidden * 2.0 / h_div, size=2, link=link,
+                               calib=cal) for b in model.blocks)
 
 
 @lru_cache(maxsize=4096)
@@ -216,10 +222,11 @@ def _optimizer_bound(table: LayerTable, plan: Plan) -> float:
     return owned * table.opt_s_per_param
 
 
-def group_time_bound(table: LayerTable, plan: Plan) -> float:
-    """Bound shared by every schedule and virtual-stage count of a plan: m micro-batches of the average
-    rank's work with no bubble, the optimizer and the overhead (s)."""
-    return plan.n_micro * table.work / plan.pp + _optimizer_bound(table, plan) + table.overhead
+def group_time_bound(table: LayerTable, plan: Plan, *, m: int | None = None) -> float:
+    """Bound shared by every schedule and virtual-stage count of a plan: m micro-batches (default the plan's)
+    of the average rank's work with no bubble, the optimizer and the overhead (s)."""
+    m = plan.n_micro if m is None else m
+    return m * table.work / plan.pp + _optimizer_bound(table, plan) + table.overhead
 
 
 def static_lower_bound(table: LayerTable, plan: Plan) -> float:
@@ -233,10 +240,14 @@ def memory_lower_bound(table: LayerTable, plan: Plan, *, mode: str = "full") -> 
     (mirrors ``meshplan.cost.estimate._rank_memory``). With activations A (all layers, one micro-batch) and
     in-flight counts i_r, weighting rank r by 1/i_r gives max_r (S_r + i_r A_r) >= (sum S / i_max + A) /
     sum_r 1/i_r."""
-    static = _static_avg(table, plan)
-    act = sum(b.act[mode] * b.n_layers for b in table.blocks)
     i_max, inv_sum = inflight_stats(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
-    water = ((static - table.reserved) * plan.pp / i_max + act) / inv_sum
+    return _memory_floor(table, mode, static=_static_avg(table, plan), pp=plan.pp, i_max=i_max, inv_sum=inv_sum)
+
+
+def _memory_floor(table: LayerTable, mode: str, *, static: float, pp: int, i_max: float, inv_sum: float) -> float:
+    """``memory_lower_bound`` from its schedule-independent static part and the schedule's in-flight counts."""
+    act = sum(b.act[mode] * b.n_layers for b in table.blocks)
+    water = ((static - table.reserved) * pp / i_max + act) / inv_sum
     return max(static, water + table.reserved)
 
 
@@ -270,19 +281,51 @@ def recompute_extra(table: LayerTable, plan: Plan, *, limit: float, selective: b
     ``limit`` bytes adds (s): 0 when no recompute may be needed; else the cheaper of selective recompute of
     every layer (if its memory bound fits) and full recompute of the fewest layers per rank that the memory
     bound allows; None when even full recompute cannot fit."""
-    none = memory_lower_bound(table, plan, mode="none")
+    i_max, inv_sum = inflight_stats(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
+    return _extra(table, static=_static_avg(table, plan), pp=plan.pp, i_max=i_max, inv_sum=inv_sum, limit=limit,
+                  selective=selective)
+
+
+def _extra(table: LayerTable, *, static: float, pp: int, i_max: float, inv_sum: float, limit: float,
+           selective: bool) -> float | None:
+    """``recompute_extra`` from the static memory and the schedule's in-flight counts."""
+    def mem(mode: str) -> float:
+        return _memory_floor(table, mode, static=static, pp=pp, i_max=i_max, inv_sum=inv_sum)
+
+    none = mem("none")
     if none <= limit:
         return 0.0
-    if memory_lower_bound(table, plan, mode="full") > limit:
+    if mem("full") > limit:
         return None
     # Each fully recomputed layer saves at most the largest per-layer difference, k layers on every rank.
     save = max(b.act["none"] - b.act["full"] for b in table.blocks)
-    _, inv_sum = inflight_stats(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
-    k = max(1, math.ceil((none - limit) * inv_sum / max(plan.pp * save, 1e-30) - 1e-9))
-    opts = [plan.pp * k * min(b.full_extra for b in table.blocks)]
-    if selective and memory_lower_bound(table, plan, mode="selective") <= limit:
+    k = max(1, math.ceil((none - limit) * inv_sum / max(pp * save, 1e-30) - 1e-9))
+    opts = [pp * k * min(b.full_extra for b in table.blocks)]
+    if selective and mem("selective") <= limit:
         opts.append(sum(b.sel_extra * b.n_layers for b in table.blocks))
     return min(opts)
+
+
+def group_pipeline_floor(table: LayerTable, plan: Plan, pipelines, *, limit: float,
+                         selective: bool = True) -> float | None:
+    """Pipeline part of the leaf bound (``time_lower_bound`` without sends or data-parallel terms) minimized
+    over a group's (schedule, vpp) options, each with the least recompute its memory bound allows (s); None
+    when no option can fit even with full recompute. Static memory does not depend on the schedule, so one
+    ``_static_avg`` serves every option."""
+    static = _static_avg(table, plan)
+    best = None
+    for sched, vpp in pipelines:
+        name = sched or ("interleaved_1f1b" if vpp > 1 else "1f1b")
+        i_max, inv_sum = inflight_stats(name, pp=plan.pp, vpp=vpp, n_micro=plan.n_micro)
+        extra = _extra(table, static=static, pp=plan.pp, i_max=i_max, inv_sum=inv_sum, limit=limit,
+                       selective=selective)
+        if extra is None:
+            continue
+        factor = pipeline_factor(name if plan.pp > 1 else "", pp=plan.pp, vpp=vpp, n_micro=plan.n_micro,
+                                 share=table.share)
+        t = factor * (table.work + extra) / plan.pp
+        best = t if best is None else min(best, t)
+    return best
 
 
 def dp_exact(table: LayerTable, plan: Plan, *, pool: Pool, calib) -> DPCost | None:

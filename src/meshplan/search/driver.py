@@ -12,11 +12,12 @@ from collections import Counter
 from typing import Callable
 
 from meshplan.cost.estimate import estimate, rank_pool
-from meshplan.cost.pipeline import stage_rank
+from meshplan.cost.pipeline import V_SHAPED, stage_rank
 from meshplan.errors import MeshplanError
 from meshplan.search.bounds import (LayerTable, dp_exact, even_pipeline_bound, even_split_work, layer_table,
-                                    group_time_bound, mixed_pipeline_floor, p2p_lower_bound, pipeline_factor,
-                                    recompute_extra, static_lower_bound, time_lower_bound)
+                                    group_pipeline_floor, group_time_bound, mixed_pipeline_floor, p2p_factor,
+                                    p2p_send_time, pipeline_factor, recompute_extra, static_lower_bound,
+                                    time_lower_bound)
 from meshplan.search.hetero import cluster_variants
 from meshplan.search.request import SearchRequest
 from meshplan.search.result import RankedPlan, SearchResult
@@ -58,6 +59,7 @@ class _Run:
                                if len(v.pools) > 1 and _in_cluster_order(v, cluster)}
         self.shares_seen: set[Plan] = set()
         self.shares_memo: dict[tuple, tuple[int, ...] | None] = {}
+        self.sends: dict[tuple, float] = {}
 
     # -- costs -------------------------------------------------------------------------------------------
     @staticmethod
@@ -112,21 +114,31 @@ class _Run:
         """Per-layer costs on the variant's fastest pool (a bound for every rank)."""
         return min((self.table(p, plan) for p in self.variants[vi].pools), key=lambda t: t.work)
 
-    def group_bound(self, vi: int, plan: Plan, cap: float) -> float | None:
-        """Bound of every leaf of a group (``plan`` is its 1F1B member): m x average work (no bubble), the
-        optimizer and overhead; None when the static memory alone cannot fit."""
+    def group_bound(self, vi: int, plan: Plan, cap: float, pipelines=()) -> float | None:
+        """Bound of every leaf of a group (``plan`` is its 1F1B member): the least over its ``pipelines`` of the
+        pipeline bound with the recompute memory forces (``group_pipeline_floor``), the mixed-pool or shares
+        floor, the optimizer and overhead; None when the static memory alone cannot fit, or no schedule of the
+        group fits under full recompute."""
         fast = self.fastest(vi, plan)
         mem = static_lower_bound(fast, plan)
         if self.lean_leaf is None or mem / cap < self.lean_leaf[0]:
             self.lean_leaf = (mem / cap, vi, plan)
         if mem > cap and not self.req.exhaustive:
             return None
-        floor = self.mixed_floor(vi, plan)
+        pipe = 0.0
+        if pipelines and not self.req.exhaustive:
+            pin = self.req.pins.get("recompute")
+            pipe = group_pipeline_floor(fast, plan, pipelines, limit=cap, selective=pin in (None, "selective"))
+            if pipe is None:
+                return None
+        # The group's leaves hold the head on the last rank (looped) or on rank 0 (V-shaped): the lower floor.
+        heads = {plan.pp - 1} | ({0} if any(sched in V_SHAPED for sched, _ in pipelines) else set())
+        floor = min(self.mixed_floor(vi, plan, head_rank=h) for h in heads)
         tpl = self.shares_base(vi, plan)
         if tpl is not None:
             reps, works = tpl[1], tuple(self.table(p, plan).work for p in self.variants[vi].pools)
             floor = min(floor, shares_floor(reps, works, total=plan.global_batch // plan.micro_batch, pp=plan.pp))
-        return self.key(vi, max(group_time_bound(fast, plan), floor))
+        return self.key(vi, max(group_time_bound(fast, plan), max(pipe, floor) + group_time_bound(fast, plan, m=0)))
 
     def shares_base(self, vi: int, plan: Plan) -> tuple[Plan, tuple[int, ...]] | None:
         """The leaf's dp-outermost layout and replicas per pool, where uneven shares apply."""
@@ -171,7 +183,7 @@ class _Run:
                     for s, t in zip(plan.batch_shares, tabs))
         return self.key(vi, time_lower_bound(fast, plan, extra_work=extra or 0.0, pipe_floor=floor))
 
-    def mixed_floor(self, vi: int, plan: Plan) -> float:
+    def mixed_floor(self, vi: int, plan: Plan, *, head_rank: int | None = None) -> float:
         """Mixed pools: ``mixed_pipeline_floor`` of the ranks' layer work on their pools (the fastest pool's, times
         the smallest per-block slowdown of the rank's pool), the head on the rank that holds the last stage, and
         at least vpp layers per rank (every split search evaluates gives each virtual stage a layer); m of them
@@ -179,7 +191,8 @@ class _Run:
         var = self.variants[vi]
         if var.homogeneous:
             return 0.0
-        head_rank = stage_rank(plan.schedule_name, stage=plan.n_stages - 1, pp=plan.pp)
+        if head_rank is None:
+            head_rank = stage_rank(plan.schedule_name, stage=plan.n_stages - 1, pp=plan.pp)
         ref = self.fastest(vi, plan)
         ref_layers = ref.work - ref.head
         layers, heads, least = [], [], []
@@ -192,6 +205,18 @@ class _Run:
             least.append(plan.vpp * min(b.work for b in t.blocks))
         return plan.n_micro * mixed_pipeline_floor(layers, heads, least)
 
+    def p2p(self, vi: int, plan: Plan) -> float:
+        """``p2p_lower_bound`` on the variant's cheapest pool, the send time cached per layout."""
+        if plan.pp == 1:
+            return 0.0
+        sends = []
+        for p in self.variants[vi].pools:
+            key = (id(p), self.layer_key(plan), plan.stride("pp"))
+            if key not in self.sends:
+                self.sends[key] = p2p_send_time(self.model, p, plan, calib=self.calib)
+            sends.append(self.sends[key])
+        return min(sends) * p2p_factor(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
+
     def leaf_bound(self, vi: int, plan: Plan, cap: float) -> float | None:
         """Objective lower bound of a leaf, or None when it cannot fit even with full recompute."""
         var = self.variants[vi]
@@ -201,7 +226,7 @@ class _Run:
         if extra is None and not self.req.exhaustive:
             return None
         dp = dp_exact(fast, plan, pool=var.pools[0], calib=self.calib) if var.homogeneous else None
-        p2p = min(p2p_lower_bound(self.model, p, plan, calib=self.calib) for p in var.pools)
+        p2p = self.p2p(vi, plan)
         floor = self.mixed_floor(vi, plan)
         if var.homogeneous and plan.pp > 1 and not extra:
             # The main phase evaluates the even split on one pool: bound that split itself.
@@ -363,7 +388,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, request: SearchRequest, *, ca
         n = len(g.pipelines)
         run.considered += n
         plan = leaf_plan(g.base._replace(schedule="1f1b" if g.base.deg.pp > 1 else ""), request)
-        lb = run.group_bound(vi, plan, cap)
+        lb = run.group_bound(vi, plan, cap, g.pipelines)
         if lb is None:
             run.pruned["memory (lower bound)"] += n
             continue
