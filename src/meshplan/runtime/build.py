@@ -23,8 +23,19 @@ from meshplan.spec.model import ModelSpec
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy, computed in fp32."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    """Mean token cross-entropy, computed in fp32. Vocabulary-sharded DTensor logits (loss parallel) need
+    ``loss_context`` around forward and backward; the loss comes back as a plain (replicated) tensor."""
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    return loss.to_local() if isinstance(loss, DTensor) else loss
+
+
+def loss_context(t: "Trainer"):
+    """torch's ``loss_parallel`` when the last stage's logits are sharded by vocabulary, else nothing."""
+    import contextlib
+
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel() if any(p.vocab_parallel for p in t.parts) else contextlib.nullcontext()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,9 +91,11 @@ class Trainer:
     summed after backward."""
     tied: TiedSync | None = None
     """Tied-embedding copies across pipeline stages, or None."""
+    bf16: bool = False
+    """Compute in bf16 through FSDP2's mixed-precision policy (fp32 master weights and gradient reduction)."""
 
 
-def _expert_mesh(meshes: Meshes, device_type: str) -> DeviceMesh:
+def expert_mesh(meshes: Meshes, device_type: str) -> DeviceMesh:
     """Megatron's expert layout: within a pipeline stage, ranks in the plan's rank order are cut into
     (ep_replica, ep, etp) with etp fastest. With etp = 1 the ep group folds over tp, cp and dp in rank order;
     with etp = tp the etp axis is the tp axis and ep folds over cp and dp."""
@@ -156,13 +169,23 @@ def _build_part(cfg: RunConfig, spec: ModelSpec, stage: int) -> Decoder:
                          seed=cfg.seed, max_seq_len=plan.seq_len)
 
 
-def build_trainer(cfg: RunConfig, spec: ModelSpec, meshes: Meshes, device: torch.device) -> Trainer:
-    """Build, wire and parallelize this rank's parts; create optimizers and the schedule."""
+def uses_bf16(plan, device_type: str) -> bool:
+    """bf16 compute: a bf16 plan on a GPU (a CPU run keeps fp32, the reference's precision)."""
+    return plan.precision == "bf16" and device_type == "cuda"
+
+
+def build_trainer(cfg: RunConfig, spec: ModelSpec, meshes: Meshes, device: torch.device, *,
+                  bf16: bool | None = None, ep_mesh: DeviceMesh | None = None) -> Trainer:
+    """Build, wire and parallelize this rank's parts; create optimizers and the schedule. ``bf16``: compute in
+    bf16 (default: ``uses_bf16``; memcheck forces it to simulate a GPU run on fake CPU tensors); ``ep_mesh``:
+    the expert mesh when built beforehand (memcheck builds meshes outside fake mode; they read real ranks)."""
     plan = cfg.plan
+    bf16 = uses_bf16(plan, device.type) if bf16 is None else bf16
     stage_ids = stages_of_rank(plan, meshes.rank_in("pp")) if plan.pp > 1 else (0,)
     positions = cp_positions(plan.seq_len, cp_rank=meshes.rank_in("cp"), cp=plan.cp,
                              zigzag=plan.cp_kind == "ring").to(device)
-    ep_mesh = _expert_mesh(meshes, device.type) if spec.is_moe and plan.ep * plan.etp > 1 else None
+    if ep_mesh is None and spec.is_moe and plan.ep * plan.etp > 1:
+        ep_mesh = expert_mesh(meshes, device.type)
     parts = []
     for stage in stage_ids:
         part = _build_part(cfg, spec, stage).to(device)
@@ -171,7 +194,7 @@ def build_trainer(cfg: RunConfig, spec: ModelSpec, meshes: Meshes, device: torch
             install_context_parallel(part, meshes.axis("cp").get_group(), kind=plan.cp_kind)
         # Later pipeline stages see sequence-parallel shards, so positions cannot come from the input's length.
         part.positions = positions
-        parts.append(parallelize(part, meshes, ignored=ignored))
+        parts.append(parallelize(part, meshes, ignored=ignored, bf16=bf16))
     optimizers = tuple(torch.optim.AdamW(p.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
                                          foreach=False) for p in parts)
     schedule = None
@@ -183,7 +206,7 @@ def build_trainer(cfg: RunConfig, spec: ModelSpec, meshes: Meshes, device: torch
     tied = _tied_sync(plan, meshes, parts, stage_ids) if plan.pp > 1 and spec.tied_embeddings else None
     return Trainer(cfg=cfg, spec=spec, meshes=meshes, device=device, parts=tuple(parts), stage_ids=stage_ids,
                    optimizers=optimizers, schedule=schedule, positions=positions, experts=experts,
-                   tp_partial=partial, tied=tied)
+                   tp_partial=partial, tied=tied, bf16=bf16)
 
 
 def _local_grad(p: torch.nn.Parameter) -> torch.Tensor | None:

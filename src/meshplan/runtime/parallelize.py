@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
                                                PrepareModuleInputOutput, RowwiseParallel, SequenceParallel,
@@ -151,7 +151,10 @@ def apply_tp(part: Decoder, meshes: Meshes) -> None:
         if sp:
             top["norm"] = SequenceParallel()
         if part.output is not None:
-            top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+            # Loss parallel (torchtitan, Megatron's vocab-parallel cross-entropy): logits stay sharded by
+            # vocabulary (Shard(-1)); no rank materializes the full-vocabulary logits.
+            top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+        part.vocab_parallel = True
     # Between pipeline stages each tp rank passes its own local activations (the sequence shard under SP), so a
     # later stage needs no input redistribution.
     parallelize_module(part, meshes.tp, top)
@@ -175,22 +178,38 @@ def apply_recompute(part: Decoder, plan: Plan) -> None:
             b.attention.recompute_core = True
 
 
-def apply_fsdp(part: Decoder, meshes: Meshes, *, ignored: set[nn.Parameter]) -> None:
+def fsdp_mesh(meshes: Meshes, *, bf16: bool):
+    """The mesh fully_shard uses: the plan's (dp_replicate, dp_shard*cp) mesh; with bf16 and dp*cp = 1 the
+    size-1 ``dp_shard_cp`` mesh, so FSDP2's mixed precision (bf16 compute copies, fp32 master weights) applies to
+    every layout; None for an fp32 run without data or context parallelism."""
+    if meshes.fsdp is not None:
+        return meshes.fsdp
+    return meshes.flat["dp_shard_cp"] if bf16 else None
+
+
+def apply_fsdp(part: Decoder, mesh, *, zero: int, ignored: set[nn.Parameter], bf16: bool) -> None:
     """FSDP2 per block and on the part: zero 3 reshards parameters after forward; zero 0/1/2 keep them gathered
-    (gradients are still reduce-scattered, which is what ZeRO-1/2 amount to); HSDP when dp_replicate > 1."""
-    mesh = meshes.fsdp
-    reshard = meshes.plan.zero == 3
+    (gradients are still reduce-scattered, which is what ZeRO-1/2 amount to); HSDP when dp_replicate > 1.
+
+    Under bf16 (torchtitan): ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: the sharded fp32
+    parameters are the optimizer's master weights, each unit is gathered in bf16 and gradients are reduced in
+    fp32, so no autocast weight cache exists and activations are bf16."""
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
+        else MixedPrecisionPolicy()
+    kw = dict(mesh=mesh, reshard_after_forward=zero == 3, ignored_params=ignored or None, mp_policy=policy)
     for block in part.layers.values():
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored or None)
-    fully_shard(part, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored or None)
+        fully_shard(block, **kw)
+    fully_shard(part, **kw)
 
 
-def parallelize(part: Decoder, meshes: Meshes, *, ignored: set[nn.Parameter]) -> Decoder:
-    """TP, recompute and FSDP as the plan asks, in that order; returns the same module."""
+def parallelize(part: Decoder, meshes: Meshes, *, ignored: set[nn.Parameter], bf16: bool = False) -> Decoder:
+    """TP, recompute and FSDP as the plan asks, in that order; returns the same module. ``bf16``: compute in
+    bf16 through FSDP2's mixed-precision policy (GPU runs and memcheck), else in the parameters' fp32."""
     if meshes.tp is not None:
         apply_tp(part, meshes)
     apply_recompute(part, meshes.plan)
-    if meshes.fsdp is not None:
-        apply_fsdp(part, meshes, ignored=ignored)
+    mesh = fsdp_mesh(meshes, bf16=bf16)
+    if mesh is not None:
+        apply_fsdp(part, mesh, zero=meshes.plan.zero, ignored=ignored, bf16=bf16)
     return part
 

@@ -19,17 +19,11 @@ from torch.distributed.tensor import DTensor
 
 from meshplan import catalog
 from meshplan.runtime import checkpoint
-from meshplan.runtime.build import Trainer, build_trainer, loss_fn, sync_grads
+from meshplan.runtime.build import Trainer, build_trainer, loss_context, loss_fn, sync_grads
 from meshplan.runtime.config import RunConfig
 from meshplan.runtime.data import Source, dp_slice
 from meshplan.runtime.mesh import build_meshes
 from meshplan.runtime.models.decoder import build_decoder
-
-
-def _autocast(cfg: RunConfig, device: torch.device):
-    if cfg.plan.precision == "bf16" and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def clip_grads(params: list[torch.nn.Parameter], *, max_norm: float, pp_group=None,
@@ -78,6 +72,11 @@ def _local_batch(t: Trainer, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _forward_backward(t: Trainer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Sum of micro-batch losses / n_micro on ranks holding the last stage, else 0; gradients accumulated."""
+    with loss_context(t):
+        return _micro_batches(t, x, y)
+
+
+def _micro_batches(t: Trainer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     plan = t.cfg.plan
     if t.schedule is not None:
         losses: list[torch.Tensor] = []
@@ -105,8 +104,7 @@ def train_step(t: Trainer, step: int) -> dict:
     for opt in t.optimizers:
         opt.zero_grad(set_to_none=True)
     start = time.perf_counter()
-    with _autocast(t.cfg, t.device):
-        local = _forward_backward(t, x, y)
+    local = _forward_backward(t, x, y)
     sync_grads(t)
     params = [p for part in t.parts for p in part.parameters()]
     pp_group = t.meshes.axis("pp").get_group() if plan.pp > 1 else None
@@ -161,6 +159,8 @@ def _summary(rows: list[dict], cfg: RunConfig, start_step: int) -> dict:
             "mean_step_time_s": mean_t, "tokens_per_s": cfg.plan.global_batch * cfg.plan.seq_len / mean_t
             if mean_t else None, "peak_memory_bytes": max(peaks) if peaks else None,
             "compute_dtype": "bf16" if cfg.plan.precision == "bf16" and torch.cuda.is_available() else "fp32",
+            "mixed_precision": "fsdp2 MixedPrecisionPolicy(bf16 params, fp32 reduce)"
+            if cfg.plan.precision == "bf16" and torch.cuda.is_available() else "none",
             **cfg.extra}
 
 

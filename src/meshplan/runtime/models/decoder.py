@@ -94,6 +94,8 @@ class Decoder(nn.Module):
         self.first, self.last = first, last
         self.positions: torch.Tensor | None = None
         """Token positions this rank holds when not passed to forward (set by context parallelism)."""
+        self.vocab_parallel = False
+        """Return the logits as a DTensor sharded by vocabulary over tp (loss parallel; set by tensor parallelism)."""
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids [batch, seq] (first stage) or hidden states [batch, seq, hidden] -> hidden or logits."""
@@ -111,18 +113,21 @@ class Decoder(nn.Module):
         h = self.norm(h)
         if self.output is not None:
             return self.output(h)
-        return tied_logits(h, self.tok_embeddings.weight)
+        return tied_logits(h, self.tok_embeddings.weight, vocab_parallel=self.vocab_parallel)
 
 
-def tied_logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def tied_logits(h: torch.Tensor, weight: torch.Tensor, *, vocab_parallel: bool = False) -> torch.Tensor:
     """Output head on the tied embedding. Under tensor parallelism the embedding is split by vocabulary rows
-    (a DTensor), so each tp rank computes its vocabulary slice of the logits from the gathered sequence and the
-    slices are gathered (Megatron's parallel LM head on the shared word embedding)."""
+    (a DTensor), so each tp rank computes its vocabulary slice of the logits from the gathered sequence
+    (Megatron's parallel LM head on the shared word embedding); the slices stay sharded (a DTensor) when
+    ``vocab_parallel``, else they are gathered."""
     if not isinstance(weight, DTensor):
         return h @ weight.t()
     if not isinstance(h, DTensor):
         h = DTensor.from_local(h, weight.device_mesh, [Replicate()], run_check=False)
     logits = h.redistribute(placements=[Replicate()]) @ weight.t()
+    if vocab_parallel:
+        return logits
     return logits.redistribute(placements=[Replicate()]).to_local()
 
 

@@ -76,8 +76,10 @@ class MoE(nn.Module):
 
     def _experts(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Run tokens grouped by local expert (``counts[i]`` rows for expert i) through their experts."""
-        w1, w2 = _local(self.w1), _local(self.w2)
-        w3 = _local(self.w3) if self.w3 is not None else None
+        # Expert weights are left out of FSDP (they shard over ep), so under bf16 they are cast here, as Megatron
+        # keeps bf16 expert weights beside fp32 master copies (a no-op in fp32).
+        w1, w2 = _local(self.w1).to(x.dtype), _local(self.w2).to(x.dtype)
+        w3 = _local(self.w3).to(x.dtype) if self.w3 is not None else None
         outs = []
         for i, chunk in enumerate(torch.split(x, counts)):
             h = activate(self.activation, chunk @ w1[i])
