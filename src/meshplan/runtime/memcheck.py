@@ -86,6 +86,41 @@ def _balanced_moe_forward(self, x: torch.Tensor) -> torch.Tensor:
     return out.view(shape)
 
 
+class _FusedRMSNorm(torch.autograd.Function):
+    """What CUDA's fused ``aten._fused_rms_norm`` keeps for backward: the input and fp32 rstd per row. The CPU
+    build has no such kernel, and its composite RMSNorm saves two fp32 copies of the input (16 h bytes per
+    token per norm), which a GPU run does not."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return ((xf * rstd).to(x.dtype) * weight).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, rstd = ctx.saved_tensors
+        xf, g = x.float(), grad.float()
+        norm = xf * rstd
+        gw = (g * norm).flatten(0, -2).sum(0).to(weight.dtype)
+        gn = g * weight.float()
+        gx = rstd * (gn - norm * (gn * norm).mean(-1, keepdim=True))
+        return gx.to(x.dtype), gw, None
+
+
+def _fused_rms_forward(self, x: torch.Tensor) -> torch.Tensor:
+    return _FusedRMSNorm.apply(x, self.weight, self.eps)
+
+
+def _simulate_gpu_kernels(parts) -> None:
+    """Give every RMSNorm the CUDA fused kernel's saved tensors (the CPU composite saves more)."""
+    for part in parts:
+        for m in part.modules():
+            if isinstance(m, torch.nn.RMSNorm):
+                m.forward = types.MethodType(_fused_rms_forward, m)
+
+
 def _even(n: int, k: int) -> list[int]:
     base, rem = divmod(n, k)
     return [base + (i < rem) for i in range(k)]
@@ -100,7 +135,59 @@ def _balance_moe(parts) -> None:
                 m.forward = types.MethodType(_balanced_moe_forward, m)
 
 
-def _step(t, *, step: int, cache: bool = True) -> None:
+def pipeline_order(plan: Plan, pp_rank: int) -> list[tuple[str, int]]:
+    """(``F`` or ``B``, micro-batch) actions of a single-stage schedule on ``pp_rank``: GPipe runs every forward
+    then every backward; 1F1B runs ``pp - 1 - pp_rank`` warm-up forwards, then alternates one forward and one
+    backward, then drains (Narayanan et al. 2021)."""
+    n = plan.n_micro
+    if plan.schedule_name == "gpipe":
+        return [("F", i) for i in range(n)] + [("B", i) for i in range(n)]
+    if plan.schedule_name != "1f1b":
+        raise ValueError(f"memcheck measures gpipe and 1f1b pipelines, not {plan.schedule_name}")
+    warm = min(plan.pp - 1 - pp_rank, n)
+    out = [("F", i) for i in range(warm)]
+    for i in range(n - warm):
+        out += [("F", warm + i), ("B", i)]
+    return out + [("B", i) for i in range(n - warm, n)]
+
+
+def _stage_input(t, xm: torch.Tensor) -> torch.Tensor:
+    """What a stage receives: token ids on the first stage, else the previous stage's hidden states (this tp
+    rank's sequence shard under SP, bf16 under bf16)."""
+    part, plan = t.parts[0], t.cfg.plan
+    if part.first:
+        return xm
+    seq = xm.shape[1] // (plan.tp if plan.sp else 1)
+    dtype = torch.bfloat16 if t.bf16 else torch.float32
+    return torch.empty(xm.shape[0], seq, t.spec.hidden, dtype=dtype, device=t.device, requires_grad=True)
+
+
+def _pipeline_forward_backward(t, x: torch.Tensor, y: torch.Tensor) -> None:
+    """A pipeline rank's step without torch.distributed.pipelining (its shape inference and p2p read tensor
+    values fake tensors lack): the stage module runs the schedule's forwards and backwards in the schedule's
+    order, with FSDP's per-micro-batch flags set as the pipelining runtime sets them (no reshard after backward
+    nor gradient reduction before the last backward; gradients accumulate unsharded meanwhile)."""
+    from meshplan.runtime.build import loss_context, loss_fn
+
+    plan, part = t.cfg.plan, t.parts[0]
+    micro = list(zip(x.chunk(plan.n_micro), y.chunk(plan.n_micro)))
+    held: dict[int, torch.Tensor] = {}
+    with loss_context(t):
+        for kind, i in pipeline_order(plan, t.meshes.rank_in("pp")):
+            if kind == "F":
+                out = part(_stage_input(t, micro[i][0]))
+                held[i] = loss_fn(out, micro[i][1]) / plan.n_micro if part.last else out
+                continue
+            last = i == plan.n_micro - 1
+            if hasattr(part, "set_requires_gradient_sync"):
+                part.set_is_last_backward(last)
+                part.set_reshard_after_backward(last)
+                part.set_requires_gradient_sync(last)
+            out = held.pop(i)
+            out.backward() if part.last else out.backward(torch.ones_like(out))
+
+
+def _step(t, *, step: int) -> None:
     """One optimizer step as ``train.train_step`` runs it on a GPU, minus clipping and the loss readout
     (both read tensor values, which fake tensors do not have)."""
     from meshplan.runtime.build import sync_expert_grads
@@ -109,16 +196,18 @@ def _step(t, *, step: int, cache: bool = True) -> None:
     x, y = _local_batch(t, step)
     for opt in t.optimizers:
         opt.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache) if t.cfg.plan.precision == "bf16" else contextlib.nullcontext():
+    if t.schedule is not None:
+        _pipeline_forward_backward(t, x, y)
+    else:
         _forward_backward(t, x, y)
     sync_expert_grads(t)
     for opt in t.optimizers:
         opt.step()
 
 
-def _build(cfg: RunConfig, spec: ModelSpec, meshes):
-    """The runtime's trainer for this rank, on fake tensors (``meshes`` are built before fake mode: they read
-    real rank tensors)."""
+def _build(cfg: RunConfig, spec: ModelSpec, meshes, ep_mesh):
+    """The runtime's trainer for this rank, on fake tensors (``meshes`` and ``ep_mesh`` are built before fake
+    mode: they read real rank tensors)."""
     from unittest import mock
 
     from meshplan.runtime.build import build_trainer
@@ -127,7 +216,8 @@ def _build(cfg: RunConfig, spec: ModelSpec, meshes):
     # Module.to() on fake parameters swaps tensors, which fake tensors refuse; the parts are already on the
     # (fake) CPU, so the move is a no-op anyway.
     with mock.patch.object(Decoder, "to", lambda self, *a, **k: self):
-        return build_trainer(cfg, spec, meshes, torch.device("cpu"))
+        return build_trainer(cfg, spec, meshes, torch.device("cpu"), bf16=cfg.plan.precision == "bf16",
+                             ep_mesh=ep_mesh)
 
 
 def measure_rank(spec: ModelSpec, plan: Plan, *, rank: int, model_ref: str = "") -> Measured:
@@ -141,10 +231,14 @@ def measure_rank(spec: ModelSpec, plan: Plan, *, rank: int, model_ref: str = "")
         from meshplan.runtime.mesh import build_meshes
 
         cfg = RunConfig(plan=plan, model=model_ref or spec.name)
+        from meshplan.runtime.build import expert_mesh
+
         meshes = build_meshes(plan, "cpu")
+        ep_mesh = expert_mesh(meshes, "cpu") if spec.is_moe and plan.ep * plan.etp > 1 else None
         with FakeTensorMode():
-            t = _build(cfg, spec, meshes)
+            t = _build(cfg, spec, meshes, ep_mesh)
             _balance_moe(t.parts)
+            _simulate_gpu_kernels(t.parts)
             _step(t, step=1)
             tracker = MemTracker()
             # Per-module snapshots refuse a module called more than once per step (pipeline micro-batches);
