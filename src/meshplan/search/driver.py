@@ -60,6 +60,7 @@ class _Run:
         self.shares_seen: set[Plan] = set()
         self.shares_memo: dict[tuple, tuple[int, ...] | None] = {}
         self.sends: dict[tuple, float] = {}
+        self.floors: dict[tuple, float] = {}
 
     # -- costs -------------------------------------------------------------------------------------------
     @staticmethod
@@ -193,17 +194,21 @@ class _Run:
             return 0.0
         if head_rank is None:
             head_rank = stage_rank(plan.schedule_name, stage=plan.n_stages - 1, pp=plan.pp)
-        ref = self.fastest(vi, plan)
-        ref_layers = ref.work - ref.head
-        layers, heads, least = [], [], []
-        for r in range(plan.pp):
-            t = self.table(rank_pool(var, plan, r), plan)
-            # Blocks may slow down by different factors on another GPU: the smallest factor bounds every split.
-            ratio = min(b.work / max(a.work, 1e-30) for b, a in zip(t.blocks, ref.blocks))
-            layers.append(ratio * ref_layers)
-            heads.append(t.head if r == head_rank else 0.0)
-            least.append(plan.vpp * min(b.work for b in t.blocks))
-        return plan.n_micro * mixed_pipeline_floor(layers, heads, least)
+        # Pools of pipeline ranks depend on n_gpus, pp and the rank order (in the layer key) only.
+        key = (vi, self.layer_key(plan), plan.pp, plan.vpp, head_rank)
+        if key not in self.floors:
+            ref = self.fastest(vi, plan)
+            ref_layers = ref.work - ref.head
+            layers, heads, least = [], [], []
+            for r in range(plan.pp):
+                t = self.table(rank_pool(var, plan, r), plan)
+                # Blocks may slow down by different factors on another GPU: the smallest bounds every split.
+                ratio = min(b.work / max(a.work, 1e-30) for b, a in zip(t.blocks, ref.blocks))
+                layers.append(ratio * ref_layers)
+                heads.append(t.head if r == head_rank else 0.0)
+                least.append(plan.vpp * min(b.work for b in t.blocks))
+            self.floors[key] = mixed_pipeline_floor(layers, heads, least)
+        return plan.n_micro * self.floors[key]
 
     def p2p(self, vi: int, plan: Plan) -> float:
         """``p2p_lower_bound`` on the variant's cheapest pool, the send time cached per layout."""
