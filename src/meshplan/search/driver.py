@@ -16,12 +16,13 @@ from meshplan.cost.pipeline import V_SHAPED, stage_rank
 from meshplan.errors import MeshplanError
 from meshplan.search.bounds import (LayerTable, dp_exact, even_pipeline_bound, even_split_work, layer_table,
                                     group_pipeline_floor, group_time_bound, mixed_pipeline_floor, p2p_factor,
-                                    p2p_send_time, pipeline_factor, recompute_extra, static_lower_bound,
+                                    p2p_send_time, recompute_extra, static_lower_bound,
                                     time_lower_bound)
-from meshplan.search.hetero import cluster_variants
+from meshplan.search.hetero import cluster_variants, in_cluster_order
 from meshplan.search.request import SearchRequest
+from meshplan.search.rank import finish
 from meshplan.search.result import RankedPlan, SearchResult
-from meshplan.search.shares import proportional_shares, shares_floor, shares_template
+from meshplan.search.shares import replica_floor, shares_floor, shares_leaf, shares_template
 from meshplan.search.space import degree_tuples, groups, leaf_plan
 from meshplan.search.split import balanced_split
 from meshplan.spec.cluster import ClusterSpec
@@ -31,8 +32,6 @@ from meshplan.spec.plan import DEFAULT_RANK_ORDER, Plan
 RANK_ORDERS = (DEFAULT_RANK_ORDER, "tp-cp-ep-pp-dp", "tp-dp-cp-ep-pp")
 """Rank orders tried on the best plans: Megatron's default, pipeline inside data parallel (pipeline sends on
 the fast links), and cp outside dp (cp's ring across nodes, dp's traffic inside)."""
-MAX_SIM_ACTIONS = 400_000
-"""Plans whose schedule has more actions than this keep the closed-form pipeline time."""
 
 
 def dollars_per_hour(cluster: ClusterSpec, prices: dict) -> float:
@@ -56,7 +55,7 @@ class _Run:
         self.lean_leaf: tuple[float, int, Plan] | None = None
         # Shares plans are built once per variant with pools in cluster order (the order does not matter to them).
         self.share_variants = {vi for vi, v in enumerate(self.variants)
-                               if len(v.pools) > 1 and _in_cluster_order(v, cluster)}
+                               if len(v.pools) > 1 and in_cluster_order(v, cluster)}
         self.shares_seen: set[Plan] = set()
         self.shares_memo: dict[tuple, tuple[int, ...] | None] = {}
         self.sends: dict[tuple, float] = {}
@@ -145,43 +144,27 @@ class _Run:
         """The leaf's dp-outermost layout and replicas per pool, where uneven shares apply."""
         if vi not in self.share_variants:
             return None
-        return shares_template(self.model, self.variants[vi], plan)
+        return shares_template(self.model, self.variants[vi], plan, pins=self.req.pins)
 
     def shares_plan(self, vi: int, plan: Plan) -> Plan | None:
-        """The leaf with batch shares sized to each pool's speed (``proportional_shares`` on the pipeline bound
-        m -> pipeline_factor(m) W_i / pp of each pool); None where shares do not apply or come out even (the
-        even split is the leaf itself)."""
+        """The leaf with shares sized to its pools (``shares_leaf``), memoized per layout and pipeline."""
         tpl = self.shares_base(vi, plan)
         if tpl is None:
             return None
-        base, reps = tpl
         key = (vi, self.layer_key(plan), plan.schedule_name, plan.pp, plan.vpp)
-        if key not in self.shares_memo:
-            tabs = [self.table(p, plan) for p in self.variants[vi].pools]
-
-            def finish(i: int, m: int) -> float:
-                f = pipeline_factor(plan.schedule_name if plan.pp > 1 else "", pp=plan.pp, vpp=plan.vpp,
-                                    n_micro=m, share=tabs[i].share)
-                return f * tabs[i].work / plan.pp
-
-            self.shares_memo[key] = proportional_shares(reps, finish, plan.global_batch // plan.micro_batch)
-        shares = self.shares_memo[key]
-        if shares is None or len(set(shares)) == 1:
-            return None
-        return base.with_(batch_shares=shares)
+        return shares_leaf(tpl, [self.table(p, plan) for p in self.variants[vi].pools], plan,
+                           memo=self.shares_memo, key=key)
 
     def shares_bound(self, vi: int, plan: Plan, cap: float) -> float | None:
         """Objective lower bound of a shares plan: the leaf bound on the fastest pool (no p2p: the slowest
         replica's sends are not known; no data-parallel term), raised to the slowest pool's pipeline bound for
-        its share."""
+        its share (``replica_floor``)."""
         fast = self.fastest(vi, plan)
         extra = recompute_extra(fast, plan, limit=cap, selective=self.req.pins.get("recompute") in (None, "selective"))
         if extra is None and not self.req.exhaustive:
             return None
-        tabs = [self.table(p, plan) for p in self.variants[vi].pools]
-        sched = plan.schedule_name if plan.pp > 1 else ""
-        floor = max(pipeline_factor(sched, pp=plan.pp, vpp=plan.vpp, n_micro=s, share=t.share) * t.work / plan.pp
-                    for s, t in zip(plan.batch_shares, tabs))
+        floor = max(replica_floor(self.table(p, plan), plan, s) for p, s in zip(self.variants[vi].pools,
+                                                                                 plan.batch_shares))
         return self.key(vi, time_lower_bound(fast, plan, extra_work=extra or 0.0, pipe_floor=floor))
 
     def mixed_floor(self, vi: int, plan: Plan, *, head_rank: int | None = None) -> float:
@@ -346,38 +329,6 @@ class _Run:
                     self.accept(vi, new)
 
 
-def _simulated(model: ModelSpec, rp: RankedPlan, calib) -> RankedPlan:
-    """Re-estimate with the event simulator as the pipeline (meshplan.sim)."""
-    from dataclasses import replace
-
-    from meshplan.cost.pipeline import PipelineTime
-    from meshplan.sim import simulate
-
-    p = rp.plan
-    if p.pp == 1 or p.pp * p.vpp * p.n_micro * 3 > MAX_SIM_ACTIONS:
-        return rp
-
-    def pipe(name, times, *, pp, vpp, n_micro):
-        tl = simulate(name, times, pp=pp, vpp=vpp, n_micro=n_micro)
-        busy = max(tl.busy)
-        return PipelineTime(step=tl.pipeline_time, busy=busy, bubble=tl.pipeline_time - busy, p2p=0.0)
-
-    try:
-        return replace(rp, simulated=estimate(model, rp.cluster, p, calib=calib, pipeline=pipe))
-    except MeshplanError:
-        return rp
-
-
-def pareto_front(plans: list[RankedPlan]) -> list[RankedPlan]:
-    """Plans not beaten on both step time and peak memory, fastest first."""
-    out, low = [], math.inf
-    for rp in sorted(plans, key=lambda r: (r.estimate.step_time, r.estimate.peak_memory)):
-        if rp.estimate.peak_memory < low:
-            out.append(rp)
-            low = rp.estimate.peak_memory
-    return out
-
-
 def search(model: ModelSpec, cluster: ClusterSpec, request: SearchRequest, *, calib=None,
            progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """Plan ``model`` on ``cluster`` for ``request``; see the module docstring for the steps.
@@ -415,7 +366,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, request: SearchRequest, *, ca
             progress(done, done + len(heap))
     if not request.exhaustive:
         run.refine()
-    return _finish(run, t0)
+    return finish(run, t0)
 
 
 def _expand(run: _Run, heap: list, vi: int, g, cap: float) -> None:
@@ -437,28 +388,3 @@ def _expand(run: _Run, heap: list, vi: int, g, cap: float) -> None:
             continue
         run.considered += 1
         heappush(heap, (lb, len(heap) + 1_000_000_000, vi, g, cap, shared))
-
-
-def _in_cluster_order(variant: ClusterSpec, cluster: ClusterSpec) -> bool:
-    """The variant's pools appear in the cluster's order (one representative per subset of pools)."""
-    idx = [next(i for i, p in enumerate(cluster.pools) if p is q) for q in variant.pools]
-    return idx == sorted(idx)
-
-
-def _finish(run: _Run, t0: float) -> SearchResult:
-    """Rank, simulate the top, build the Pareto front and the nothing-fits report."""
-    from meshplan.search.infeasible import nothing_fits
-
-    req = run.req
-    keyed = sorted(run.fitting, key=lambda rp: (run.key(run.variants.index(rp.cluster), rp.estimate.step_time)))
-    top = keyed[: req.top]
-    if req.simulate:
-        top = [_simulated(run.model, rp, run.calib) for rp in top]
-        top.sort(key=lambda rp: run.key(run.variants.index(rp.cluster), rp.step_time))
-    infeasible, lean = (None, None)
-    if not top:
-        infeasible, lean = nothing_fits(run)
-    return SearchResult(model=run.model, cluster=run.cluster, request=req, plans=tuple(top),
-                        pareto=tuple(pareto_front(run.fitting)), considered=run.considered,
-                        pruned=dict(run.pruned), evaluated=run.n_eval, search_time_s=time.perf_counter() - t0,
-                        infeasible=infeasible, lean=lean)

@@ -41,3 +41,9 @@ def cluster_variants(cluster: ClusterSpec, *, precision: str, allow_idle: bool) 
             out.append(ClusterSpec(pools=order, inter_pool_bandwidth=cluster.inter_pool_bandwidth,
                                    name="+".join(f"{p.n_gpus}x{p.gpu.name}" for p in order)))
     return out
+
+
+def in_cluster_order(variant: ClusterSpec, cluster: ClusterSpec) -> bool:
+    """The variant's pools appear in the cluster's order (one representative per subset of pools)."""
+    idx = [next(i for i, p in enumerate(cluster.pools) if p is q) for q in variant.pools]
+    return idx == sorted(idx)

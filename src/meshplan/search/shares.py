@@ -12,6 +12,7 @@ from heapq import heapify, heappop, heappush
 from math import gcd
 from typing import Callable
 
+from meshplan.search.bounds import LayerTable, pipeline_factor
 from meshplan.spec.checks import replicas_per_pool
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
@@ -75,7 +76,8 @@ def _reach(replicas: tuple[int, ...], caps: list[int], total: int) -> tuple[int,
         return None
     shares, need = [], total
     for k in range(len(replicas) - 1, -1, -1):
-        s = next(s for s in range(1, caps[k] + 1) if need >= replicas[k] * s and layers[k] >> (need - replicas[k] * s) & 1)
+        s = next(s for s in range(1, caps[k] + 1)
+                 if need >= replicas[k] * s and layers[k] >> (need - replicas[k] * s) & 1)
         shares.append(s)
         need -= replicas[k] * s
     return tuple(reversed(shares))
@@ -96,10 +98,12 @@ def exact_shares(replicas: tuple[int, ...], finish: Callable[[int, int], float],
     return best
 
 
-def shares_template(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> tuple[Plan, tuple[int, ...]] | None:
+def shares_template(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
+                    pins: dict | None = None) -> tuple[Plan, tuple[int, ...]] | None:
     """The leaf's layout with dp outermost and ZeRO shards inside a pool, and the replicas per pool; None when
-    the cluster has one pool, a replica would straddle pools, or shards/experts cannot stay inside a pool.
-    ZeRO over all of dp (dp_shard 0) becomes the largest group every pool's replica count is a multiple of."""
+    the cluster has one pool, a replica would straddle pools, shards/experts cannot stay inside a pool, or the
+    layout contradicts a pinned rank order or dp_shard. ZeRO over all of dp (dp_shard 0) becomes the largest
+    group every pool's replica count is a multiple of."""
     size = plan.tp * plan.cp * plan.pp
     if len(cluster.pools) < 2 or any(p.n_gpus % size for p in cluster.pools):
         return None
@@ -116,7 +120,34 @@ def shares_template(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> tuple
             return None
     if model.is_moe and any((plan.tp * plan.cp * r) % (plan.ep * plan.etp) for r in reps):
         return None
-    return probe.with_(dp_shard=shard if plan.zero else 0), reps
+    out = probe.with_(dp_shard=shard if plan.zero else 0)
+    if any(getattr(out, k) != v for k, v in (pins or {}).items() if k in ("rank_order", "dp_shard")):
+        return None
+    return out, reps
+
+
+def replica_floor(table: LayerTable, plan: Plan, n_micro: int) -> float:
+    """Pipeline time of one replica on its pool with ``n_micro`` micro-batches, for any split (s):
+    ``pipeline_factor`` times the average rank's work (``meshplan.search.bounds``)."""
+    sched = plan.schedule_name if plan.pp > 1 else ""
+    return pipeline_factor(sched, pp=plan.pp, vpp=plan.vpp, n_micro=n_micro, share=table.share) * table.work / plan.pp
+
+
+def shares_leaf(template: tuple[Plan, tuple[int, ...]] | None, tables: list[LayerTable], plan: Plan, *,
+                memo: dict, key: tuple) -> Plan | None:
+    """The leaf with batch shares minimizing the slowest pool's ``replica_floor`` (``proportional_shares``;
+    ``tables[i]``: per-layer costs on pool i; ``memo`` caches the shares under ``key``); None where shares do
+    not apply or come out even (the even split is the leaf itself)."""
+    if template is None:
+        return None
+    base, reps = template
+    if key not in memo:
+        memo[key] = proportional_shares(reps, lambda i, m: replica_floor(tables[i], plan, m),
+                                        plan.global_batch // plan.micro_batch)
+    shares = memo[key]
+    if shares is None or len(set(shares)) == 1:
+        return None
+    return base.with_(batch_shares=shares)
 
 
 def shares_floor(replicas: tuple[int, ...], works: tuple[float, ...], *, total: int, pp: int) -> float:
