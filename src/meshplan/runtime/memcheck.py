@@ -210,12 +210,22 @@ def _build(cfg: RunConfig, spec: ModelSpec, meshes, ep_mesh):
     mode: they read real rank tensors)."""
     from unittest import mock
 
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from meshplan.runtime import parallelize
     from meshplan.runtime.build import build_trainer
     from meshplan.runtime.models.decoder import Decoder
 
+    def fsdp_outside_fake_mode(*args, **kwargs):
+        # FSDP2 over TP DTensors slices the (real) rank tensor of the mesh; the parameters stay fake anyway.
+        with unset_fake_temporarily():
+            return real_fsdp(*args, **kwargs)
+
+    real_fsdp = parallelize.apply_fsdp
     # Module.to() on fake parameters swaps tensors, which fake tensors refuse; the parts are already on the
     # (fake) CPU, so the move is a no-op anyway.
-    with mock.patch.object(Decoder, "to", lambda self, *a, **k: self):
+    with mock.patch.object(Decoder, "to", lambda self, *a, **k: self), \
+            mock.patch.object(parallelize, "apply_fsdp", fsdp_outside_fake_mode):
         return build_trainer(cfg, spec, meshes, torch.device("cpu"), bf16=cfg.plan.precision == "bf16",
                              ep_mesh=ep_mesh)
 

@@ -103,7 +103,7 @@ def train_step(t: Trainer, step: int) -> dict:
     x, y = _local_batch(t, step)
     for opt in t.optimizers:
         opt.zero_grad(set_to_none=True)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     local = _forward_backward(t, x, y)
     sync_grads(t)
     params = [p for part in t.parts for p in part.parameters()]
@@ -115,10 +115,11 @@ def train_step(t: Trainer, step: int) -> dict:
     dist.all_reduce(local)
     if t.device.type == "cuda":
         torch.cuda.synchronize()
-    dt = time.perf_counter() - start
+    dt, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     loss = float(local) / (plan.dp * plan.cp * plan.tp)
     peak = torch.cuda.max_memory_allocated() if t.device.type == "cuda" else None
     return {"step": step, "loss": loss, "grad_norm": norm, "step_time_s": dt,
+            "cpu_time_s": cpu,
             "tokens_per_s": plan.global_batch * plan.seq_len / dt, "peak_memory_bytes": peak}
 
 
