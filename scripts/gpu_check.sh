@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU check of the runtime: the same `meshplan run` path as the CPU suite, on one GPU with NCCL and bf16.
 # Trains small-llama (dense) and tiny-moe for a few steps, saves and resumes a DCP checkpoint, writes a profiler
-# trace, and checks that the loss falls and that peak memory is reported. Budget: well under 5 minutes.
+# trace, and checks that the loss falls and that peak memory is reported. bf16 on a GPU goes through FSDP2's
+# MixedPrecisionPolicy (bf16 params, fp32 reduce) on a size-1 shard mesh, with no autocast; the summary says so.
+# Budget: well under 5 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
@@ -55,6 +57,9 @@ dense, resumed, moe = rows("dense"), rows("resumed"), rows("moe")
 s = dense[-1]
 assert s["final_loss"] < s["first_loss"] - 1.0, f"dense loss did not fall: {s}"
 assert s["peak_memory_bytes"] and s["peak_memory_bytes"] > 0, "peak memory must be reported on GPU"
+for summary in (s, moe[-1]):
+    assert summary["compute_dtype"] == "bf16", summary
+    assert summary["mixed_precision"].startswith("fsdp2 MixedPrecisionPolicy"), summary
 assert resumed[0]["step"] == 21 and resumed[-1]["steps"] == 10, "resume must continue at step 21"
 assert resumed[-1]["final_loss"] < s["first_loss"], "resumed loss must stay low"
 assert moe[-1]["final_loss"] < moe[-1]["first_loss"], "moe loss did not fall"
