@@ -57,9 +57,10 @@ def _golden(f, lo: float, hi: float, iters: int = 14) -> float:
 
 
 def fit_section(runs: list[Run], name: str, table: dict, *, prior: float, rounds: int = 2,
-                fit_fields: tuple[str, ...] = FIT_FIELDS) -> dict[str, float]:
-    """Fit ``fit_fields`` of one section; fields a section's runs cannot inform (fp8 without fp8 runs) stay."""
-    defaults = Calibration()
+                fit_fields: tuple[str, ...] = FIT_FIELDS, parent: str = "") -> dict[str, float]:
+    """Fit ``fit_fields`` of one section; fields a section's runs cannot inform (fp8 without fp8 runs) stay.
+    The prior pulls toward the documented defaults, or for a part section toward its generation's values."""
+    defaults = Calibration(**{**table.get("default", {}), **table.get(parent, {})}) if parent else Calibration()
     values = dict(table.get(name, {}))
     has_fp8 = any(r.plan.precision == "fp8" for r in runs)
     for _ in range(rounds):
@@ -83,9 +84,12 @@ def fit(runs: list[Run], *, prior: float = 0.02) -> dict[str, dict[str, float]]:
         sections.setdefault(section_of(r), []).append(r)
     table: dict[str, dict[str, float]] = {}
     moe_runs = [r for r in runs if r.model.is_moe]
+    # Generations first; then each distinct part, pulled toward its generation (it is the same silicon).
+    parents = {section_of(r): r.cluster.gpu.generation for r in runs if section_of(r) in PART_SECTIONS}
+    order = sorted(n for n in sections if n not in parents) + sorted(parents)
     for _ in range(2):
-        for name in sorted(sections):
-            table[name] = fit_section(sections[name], name, table, prior=prior)
+        for name in order:
+            table[name] = fit_section(sections[name], name, table, prior=prior, parent=parents.get(name, ""))
         if moe_runs:
             # One constant for all generations, informed by the MoE runs only (too few to split).
             table["default"] = fit_section(moe_runs, "default", table, prior=prior, fit_fields=SHARED_FIELDS)
