@@ -4,8 +4,8 @@ import pytest
 
 from meshplan import catalog
 from meshplan.cost.estimate import estimate
-from meshplan.search.bounds import (layer_table, memory_lower_bound, mixed_pipeline_floor, pipeline_factor,
-                                    static_lower_bound, time_lower_bound)
+from meshplan.search.bounds import (layer_table, memory_lower_bound, mixed_pipeline_floor, mixed_schedule_bound,
+                                    pipeline_factor, static_lower_bound, time_lower_bound)
 from meshplan.search.driver import _Run
 from meshplan.search.request import SearchRequest
 from meshplan.search.space import Degrees, Leaf, leaf_plan
@@ -57,3 +57,15 @@ def test_mixed_leaf_bound_below_estimate_with_unlike_blocks(sched, vpp):
     bound = run.leaf_bound(vi, plan, 80e9)
     est = estimate(model, run.variants[vi], plan.with_(layer_split=run.split(vi, plan)))
     assert bound <= est.step_time
+
+
+def test_mixed_schedule_bound_by_hand():
+    # 1F1B: m M + (S - M) with M = max(1.5, 2 / 2) = 1.5 s, S = 2 s, m = 8: 7 x 1.5 + 2 = 12.5 s.
+    assert mixed_schedule_bound("1f1b", pp=2, vpp=1, n_micro=8, share=0.5, busiest=1.5, total=2.0) == 12.5
+    # Interleaved v = 2: (8 - 1/2) x 1.5 + 2 / 2 = 12.25 s; m < p adds (v - 1)(p - m) M / v.
+    assert mixed_schedule_bound("interleaved_1f1b", pp=2, vpp=2, n_micro=8, share=0.5, busiest=1.5,
+                                total=2.0) == 12.25
+    assert mixed_schedule_bound("interleaved_1f1b", pp=4, vpp=2, n_micro=2, share=0.5, busiest=1.0,
+                                total=2.0) == pytest.approx(1.5 * 1.0 + 0.5 * 2.0 + 0.5 * 2 * 1.0)
+    # ZB-V: c = share / 2 = 0.25; the average (S / p = 3) beats the busiest floor (1): 7.75 x 3 + 0.25 x 6.
+    assert mixed_schedule_bound("zbv", pp=2, vpp=2, n_micro=8, share=0.5, busiest=1.0, total=6.0) == 24.75

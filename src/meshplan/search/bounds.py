@@ -155,6 +155,30 @@ def mixed_pipeline_floor(layers: list[float], heads: list[float], least: list[fl
     return max((1.0 + fixed) / inv, max(h + m for h, m in zip(heads, least)))
 
 
+def mixed_schedule_bound(schedule: str, *, pp: int, vpp: int, n_micro: int, share: float, busiest: float,
+                         total: float) -> float:
+    """Pipeline time of any split whose busiest rank works at least ``busiest`` and all ranks together at least
+    ``total`` per micro-batch (s). The closed forms (``meshplan.cost.pipeline``) are m M + c (S - M) with M the
+    busiest rank's and S all ranks' work, c = 1 (1F1B, GPipe), 1/v (interleaved, plus (v-1) max(p-m, 0) M / v),
+    the zero-bubble share, halved for V-shaped schedules; increasing in M and S (m >= c), so M = max(busiest,
+    total / p) and S = total bound it.
+
+    Example: 1F1B, m = 8, M = 1.5 s, S = 2 s on p = 2: 7 x 1.5 + 2 = 12.5 s.
+    """
+    m, p, v = n_micro, pp, max(vpp, 1)
+    M = max(busiest, total / p)
+    if p == 1:
+        return m * M
+    extra = 0.0
+    if schedule in ("1f1b", "gpipe"):
+        c = 1.0 / (v if schedule == "gpipe" else 1)
+    elif schedule == "interleaved_1f1b":
+        c, extra = 1.0 / v, (v - 1) * max(p - m, 0) * M / v
+    else:
+        c = share / 2 if schedule in V_SHAPED else share
+    return (m - c) * M + c * total + extra
+
+
 def p2p_lower_bound(model: ModelSpec, pool: Pool, plan: Plan, *, calib) -> float:
     """Exposed pipeline sends on the critical path (s): the closed form's transfer term for the smallest
     activation any stage sends, over the link two pipeline neighbours share."""

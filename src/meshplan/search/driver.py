@@ -15,7 +15,8 @@ from meshplan.cost.estimate import estimate, rank_pool
 from meshplan.cost.pipeline import V_SHAPED, stage_rank
 from meshplan.errors import MeshplanError
 from meshplan.search.bounds import (LayerTable, dp_exact, even_pipeline_bound, even_split_work, layer_table,
-                                    group_pipeline_floor, group_time_bound, mixed_pipeline_floor, p2p_factor,
+                                    group_pipeline_floor, group_time_bound, mixed_pipeline_floor,
+                                    mixed_schedule_bound, p2p_factor,
                                     p2p_send_time, recompute_extra, static_lower_bound,
                                     time_lower_bound)
 from meshplan.search.hetero import cluster_variants, in_cluster_order
@@ -167,11 +168,12 @@ class _Run:
                                                                                  plan.batch_shares))
         return self.key(vi, time_lower_bound(fast, plan, extra_work=extra or 0.0, pipe_floor=floor))
 
-    def mixed_floor(self, vi: int, plan: Plan, *, head_rank: int | None = None) -> float:
+    def mixed_floor(self, vi: int, plan: Plan, *, head_rank: int | None = None, fill: bool = False) -> float:
         """Mixed pools: ``mixed_pipeline_floor`` of the ranks' layer work on their pools (the fastest pool's, times
         the smallest per-block slowdown of the rank's pool), the head on the rank that holds the last stage, and
         at least vpp layers per rank (every split search evaluates gives each virtual stage a layer); m of them
-        bound the step (s). 0 on one pool."""
+        bound the step (s). With ``fill``, the plan's schedule adds its fill (``mixed_schedule_bound``, every
+        layer at its fastest pool's pace). 0 on one pool."""
         var = self.variants[vi]
         if var.homogeneous:
             return 0.0
@@ -190,8 +192,15 @@ class _Run:
                 layers.append(ratio * ref_layers)
                 heads.append(t.head if r == head_rank else 0.0)
                 least.append(plan.vpp * min(b.work for b in t.blocks))
-            self.floors[key] = mixed_pipeline_floor(layers, heads, least)
-        return plan.n_micro * self.floors[key]
+            tabs = [self.table(p, plan) for p in var.pools]
+            total = sum(min(t.blocks[i].work for t in tabs) * b.n_layers for i, b in enumerate(ref.blocks)) + \
+                min(t.head for t in tabs)
+            self.floors[key] = (mixed_pipeline_floor(layers, heads, least), total)
+        busiest, total = self.floors[key]
+        if not fill:
+            return plan.n_micro * busiest
+        return mixed_schedule_bound(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro,
+                                    share=self.fastest(vi, plan).share, busiest=busiest, total=total)
 
     def p2p(self, vi: int, plan: Plan) -> float:
         """``p2p_lower_bound`` on the variant's cheapest pool, the send time cached per layout."""
@@ -215,7 +224,7 @@ class _Run:
             return None
         dp = dp_exact(fast, plan, pool=var.pools[0], calib=self.calib) if var.homogeneous else None
         p2p = self.p2p(vi, plan)
-        floor = self.mixed_floor(vi, plan)
+        floor = self.mixed_floor(vi, plan, fill=True)
         if var.homogeneous and plan.pp > 1 and not extra:
             # The main phase evaluates the even split on one pool: bound that split itself.
             even = even_split_work(self.model, fast, plan)
