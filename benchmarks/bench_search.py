@@ -31,7 +31,8 @@ def main() -> None:
         dt, cpu = time.perf_counter() - t, time.process_time() - cpu
         best = res.best
         what = f"{best.step_time:.2f} s/step on {best.cluster.describe()}" if best else "nothing fits"
-        print(f"{name:14s} {gpus:34s} {dt:6.2f} s, CPU {cpu:5.2f} s (target {target:.0f} s) {'OK ' if dt < target else 'SLOW'} "
+        verdict = "OK " if dt < target else "SLOW"
+        print(f"{name:14s} {gpus:34s} {dt:6.2f} s, CPU {cpu:5.2f} s (target {target:.0f} s) {verdict} "
               f"considered {res.considered}, evaluated {res.evaluated}; {what}")
 
 
