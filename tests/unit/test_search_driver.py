@@ -34,6 +34,7 @@ def test_uneven_shares_found_and_exact_when_pipelines_are_pinned_off():
     assert p.batch_shares == (1, 3) and p.rank_order.split("-")[-1] in ("dp", "pp")
     assert 8 // (p.tp * p.cp) * sum(p.batch_shares) * p.micro_batch == 64   # 8 GPUs per pool / replica size
     assert fast.best.estimate.step_time == pytest.approx(full.best.estimate.step_time, rel=1e-12)
+    assert "shares 1:3" in render_text(fast)
     h100 = _best("gpt-1.7b", "8xh100-sxm", 64, 2048, pins={"pp": 1})
     assert fast.best.estimate.step_time < 0.9 * h100.best.estimate.step_time
 
