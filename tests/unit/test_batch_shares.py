@@ -131,7 +131,8 @@ def test_proportional_shares_by_hand():
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(min_value=1, max_value=6), min_size=2, max_size=4),
-       st.lists(st.floats(min_value=0.1, max_value=10.0), min_size=4, max_size=4), st.integers(min_value=0, max_value=80))
+       st.lists(st.floats(min_value=0.1, max_value=10.0), min_size=4, max_size=4),
+       st.integers(min_value=0, max_value=80))
 def test_proportional_shares_sum_and_bound(reps, works, extra):
     reps = tuple(reps)
     total = sum(reps) + extra * reps[0]
