@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
         else:
             plan = Plan(global_batch=global_batch, seq_len=seq_len, micro_batch=micro_batch, tp=tp, sp=sp, pp=pp,
                         dp=dp, ep=ep, zero=zero if dp > 1 else 0, recompute=recompute, schedule=schedule,
-                        precision="bf16")
+                        precision="bf16", fused_kernels=False)  # the runtime is eager PyTorch
         cluster = catalog.cluster(gpus)
         if cluster.n_gpus != plan.n_gpus:
             raise SpecError("--gpus", gpus, f"has {cluster.n_gpus} GPUs, the plan needs {plan.n_gpus}")
