@@ -69,3 +69,15 @@ def test_mixed_schedule_bound_by_hand():
                                 total=2.0) == pytest.approx(1.5 * 1.0 + 0.5 * 2.0 + 0.5 * 2 * 1.0)
     # ZB-V: c = share / 2 = 0.25; the average (S / p = 3) beats the busiest floor (1): 7.75 x 3 + 0.25 x 6.
     assert mixed_schedule_bound("zbv", pp=2, vpp=2, n_micro=8, share=0.5, busiest=1.0, total=6.0) == 24.75
+
+
+@pytest.mark.parametrize("sched", ["zbv", "dualpipev"])
+def test_v_shaped_even_split_bound_counts_the_head_on_rank_zero(sched):
+    # V-shaped schedules put the last stage (and the head's compute, which hides gradient traffic) on rank 0;
+    # the bound once took rank 0's data-parallel tail from the wrong stages and overstated it by ~0.5 %.
+    model, cluster = catalog.model("gpt-1.7b"), catalog.cluster("8xh100-sxm")
+    req = SearchRequest(global_batch=32, seq_len=2048, simulate=False)
+    run = _Run(model, cluster, req, None)
+    deg = Degrees(tp=1, cp=1, pp=2, dp=4, ep=1, etp=1)
+    plan = leaf_plan(Leaf(deg=deg, micro_batch=1, schedule=sched, vpp=2, zero=0, dp_shard=0, cp_kind="ring"), req)
+    assert run.leaf_bound(0, plan, 80e9) <= estimate(model, cluster, plan).step_time

@@ -369,7 +369,8 @@ class EvenSplit:
     work: tuple[float, ...]
     """Work per micro-batch of each pipeline rank, head included (s)."""
     first: tuple[float, float, float, float, int]
-    """Rank 0: (dense params, expert params, forward s, backward s, layers)."""
+    """Rank 0: (dense params, expert params, forward s, backward s, layers), the head included where rank 0
+    holds the last stage."""
 
 
 def even_split_work(model: ModelSpec, table: LayerTable, plan: Plan) -> EvenSplit:
@@ -387,13 +388,18 @@ def even_split_work(model: ModelSpec, table: LayerTable, plan: Plan) -> EvenSpli
         for b in owner[i:i + n]:
             blk = table.blocks[b]
             work[r] += blk.work
-            if v % plan.pp == 0:
+            if r == 0:
                 d, e, n0 = d + blk.dense, e + blk.expert, n0 + 1
                 f += blk.fwd
                 bw += blk.work - blk.fwd
         i += n
-    work[stage_rank(plan.schedule_name, stage=plan.n_stages - 1, pp=plan.pp)] += table.head
+    head_rank = stage_rank(plan.schedule_name, stage=plan.n_stages - 1, pp=plan.pp)
+    work[head_rank] += table.head
     emb = table.emb / (1 if model.tied_embeddings else 2)
+    if head_rank == 0 and plan.pp > 1:
+        # V-shaped: rank 0 also holds the output head (its own weights unless tied) and its compute, which hides
+        # data-parallel traffic; crediting the whole head to both passes keeps the tail a lower bound.
+        emb, f, bw = table.emb, f + table.head, bw + table.head
     return EvenSplit(work=tuple(work), first=(d + emb, e, f, bw, n0))
 
 
