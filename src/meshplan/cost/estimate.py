@@ -134,12 +134,21 @@ def _rank_memory(plan: Plan, *, dense: float, expert: float, act: float, extra_a
     edp = max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1)
     # Experts shard over the expert-data-parallel ranks, in the same proportion as dense parameters (HSDP).
     eshard = max(1, edp * plan.shard_group // plan.dp) if plan.zero else 1
+
     def sharded(b: float, stage: int) -> float:
         return dense * b / (shard if plan.zero >= stage else 1) + expert * b / (eshard if plan.zero >= stage else 1)
-    params = sharded(w, 3)
+    params, grads = sharded(w, 3), sharded(g, 2)
     if plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1:
-        params += (dense + expert) * 2.0  # unsharded 16-bit copy kept across micro-batches (see dp.fsdp_cost)
-    return MemoryBreakdown(params=params, grads=sharded(g, 2), optimizer=sharded(o, 1),
+        # Under a pipeline, FSDP keeps an unsharded 16-bit copy across micro-batches (torchtitan's PP reshard
+        # policy) and accumulates unsharded fp32 gradients over the no-sync micro-batches (memcheck: 2.27e9
+        # x 4 B on the first stage of Llama-3.1-8B, pp 4).
+        params += (dense + expert) * 2.0
+        grads += (dense + expert) * 4.0
+    elif plan.zero == 3 and plan.n_micro == 1:
+        # FSDP2 frees gradients between steps (zero_grad to None), so at the peak -- the start of the backward --
+        # none exist yet; they only matter if they outgrow the activations they replace.
+        grads = max(grads - act, 0.0)
+    return MemoryBreakdown(params=params, grads=grads, optimizer=sharded(o, 1),
                            activations=act + extra_act, buffers=buffers, reserved=reserved_bytes(generation))
 
 
@@ -160,9 +169,11 @@ def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCo
     extra = max((c.full_act_bytes - c.act_bytes for c in rows), default=0.0)
     buffers = logits_bytes(model, plan) if last else 0.0
     if plan.zero == 3 and rows:
-        # Two unsharded 16-bit units in flight (current + prefetched) and one unit's fp32 gradients.
-        unit = (dense + expert) / len(rows)
-        buffers += unit * (2 * 2.0 + 4.0)
+        # Two unsharded 16-bit units in flight (current + prefetched) and one unit's fp32 gradients; the root
+        # module (embedding, head) is never resharded after forward (FSDP2; memcheck: 2.10 GB for 8B).
+        root = root_params(model, plan, first, last)
+        unit = max(dense + expert - root, 0.0) / len(rows)
+        buffers += unit * (2 * 2.0 + 4.0) + 2.0 * root
     mem = _rank_memory(plan, dense=dense, expert=expert, act=act, extra_act=extra, buffers=buffers,
                        generation=ctx.gpu.generation)
     # Sharded (ZeRO/FSDP2) and tensor-parallel parameters are DTensors: their optimizer ops pay dispatch too.
@@ -173,6 +184,12 @@ def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCo
                     recompute=sum(c.recompute for c in rows), tp=sum(c.tp_f + c.tp_b for c in rows),
                     cp=sum(c.cp_f + c.cp_b for c in rows), ep=sum(c.ep_f + c.ep_b for c in rows), dp=dp,
                     optimizer=opt, memory=mem)
+
+
+def root_params(model: ModelSpec, plan: Plan, first: bool, last: bool) -> float:
+    """Embedding and output-head parameters a rank holds (vocab-parallel over tp)."""
+    emb = model.vocab * model.hidden / plan.tp
+    return emb * (int(first) + int(last and (not model.tied_embeddings or not first)))
 
 
 def model_flops(model: ModelSpec, plan: Plan) -> float:
