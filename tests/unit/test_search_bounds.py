@@ -21,7 +21,8 @@ def test_pipeline_factors_by_hand():
 
 
 @pytest.mark.parametrize("pp,vpp,sched,zero,mb", [(1, 1, "", 1, 2), (2, 1, "1f1b", 1, 1), (4, 2, "interleaved_1f1b", 3, 1),
-                                                  (4, 1, "zb_h1", 1, 2), (2, 2, "zbv", 3, 1), (4, 1, "gpipe", 0, 1)])
+                                                  (4, 1, "zb_h1", 1, 2), (2, 2, "zbv", 3, 1), (4, 1, "gpipe", 0, 1),
+                                                  (1, 1, "", 3, 4), (2, 1, "1f1b", 3, 4)])
 def test_bounds_below_estimate(pp, vpp, sched, zero, mb):
     model, cluster = catalog.model("llama2-13b"), catalog.cluster("32xa100-80gb")
     req = SearchRequest(global_batch=64, seq_len=4096)
@@ -81,3 +82,15 @@ def test_v_shaped_even_split_bound_counts_the_head_on_rank_zero(sched):
     deg = Degrees(tp=1, cp=1, pp=2, dp=4, ep=1, etp=1)
     plan = leaf_plan(Leaf(deg=deg, micro_batch=1, schedule=sched, vpp=2, zero=0, dp_shard=0, cp_kind="ring"), req)
     assert run.leaf_bound(0, plan, 80e9) <= estimate(model, cluster, plan).step_time
+
+
+def test_fsdp_single_micro_batch_static_bound_has_no_gradients():
+    # FSDP2 with one micro-batch: at the peak (start of the backward) no gradients exist yet, so the static
+    # bound is fp32 weights (4 B) and Adam states (8 B) over the 8 shards, plus the context.
+    model, cluster = catalog.model("llama2-13b"), catalog.cluster("8xa100-80gb")
+    req = SearchRequest(global_batch=8, seq_len=256)
+    deg = Degrees(tp=1, cp=1, pp=1, dp=8, ep=1, etp=1)
+    plan = leaf_plan(Leaf(deg=deg, micro_batch=1, schedule="", vpp=1, zero=3, dp_shard=0, cp_kind="ring"), req)
+    table = layer_table(model, cluster.pools[0], plan)
+    assert static_lower_bound(table, plan) == pytest.approx(table.dense * (4 + 8) / 8 + table.reserved)
+    assert memory_lower_bound(table, plan, mode="none") <= estimate(model, cluster, plan).peak_memory

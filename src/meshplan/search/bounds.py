@@ -294,8 +294,13 @@ def _static_avg(table: LayerTable, plan: Plan) -> float:
         on = plan.zero >= stage
         return dense * b / (shard if on else 1) + expert * b / (eshard if on else 1)
 
-    total = sharded(w, 3) + sharded(g, 2) + sharded(o, 1) + table.reserved
+    # FSDP2 with one micro-batch has no gradients at the peak (the start of the backward) unless they outgrow
+    # the activations (``meshplan.cost.estimate._rank_memory``): count none, the activations cover the rest.
+    grads = 0.0 if plan.zero == 3 and plan.n_micro == 1 else sharded(g, 2)
+    total = sharded(w, 3) + grads + sharded(o, 1) + table.reserved
     if plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1:
+        # The unsharded 16-bit copy kept across micro-batches; the unsharded fp32 gradients accumulated beside
+        # it may take the place of activations, so they are left out.
         total += (dense + expert) * 2.0
     return total
 
