@@ -127,8 +127,9 @@ def _stage_times(model: ModelSpec, plan: Plan, costs: list[list[LayerCost]], ctx
 
 
 def _rank_memory(plan: Plan, *, dense: float, expert: float, act: float, extra_act: float, buffers: float,
-                 generation: str) -> MemoryBreakdown:
-    """Peak memory of one pipeline rank from its parameters and activations (bytes)."""
+                 generation: str, act_one: float = 0.0) -> MemoryBreakdown:
+    """Peak memory of one pipeline rank from its parameters and activations (bytes); ``act_one`` is one
+    micro-batch's activations on the rank."""
     w, g, o = bytes_per_param(plan)
     shard = plan.zero_group
     edp = max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1)
@@ -140,10 +141,10 @@ def _rank_memory(plan: Plan, *, dense: float, expert: float, act: float, extra_a
     params, grads = sharded(w, 3), sharded(g, 2)
     if plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1:
         # Under a pipeline, FSDP keeps an unsharded 16-bit copy across micro-batches (torchtitan's PP reshard
-        # policy) and accumulates unsharded fp32 gradients over the no-sync micro-batches (memcheck: 2.27e9
-        # x 4 B on the first stage of Llama-3.1-8B, pp 4).
+        # policy) and accumulates unsharded fp32 gradients over the no-sync micro-batches; they appear at the
+        # first backward, which frees one micro-batch's activations first (memcheck, Llama-3.1-8B pp 4).
         params += (dense + expert) * 2.0
-        grads += (dense + expert) * 4.0
+        grads += max((dense + expert) * 4.0 - act_one, 0.0)
     elif plan.zero == 3 and plan.n_micro == 1:
         # FSDP2 frees gradients between steps (zero_grad to None), so at the peak -- the start of the backward --
         # none exist yet; they only matter if they outgrow the activations they replace.
@@ -175,7 +176,7 @@ def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCo
         unit = max(dense + expert - root, 0.0) / len(rows)
         buffers += unit * (2 * 2.0 + 4.0) + 2.0 * root
     mem = _rank_memory(plan, dense=dense, expert=expert, act=act, extra_act=extra, buffers=buffers,
-                       generation=ctx.gpu.generation)
+                       generation=ctx.gpu.generation, act_one=sum(times.act_bytes[v] for v in idx))
     # Sharded (ZeRO/FSDP2) and tensor-parallel parameters are DTensors: their optimizer ops pay dispatch too.
     host = ctx.calib.op_overhead_s + (ctx.calib.dtensor_overhead_s if (plan.zero or plan.tp > 1) else 0.0)
     opt = optimizer_time(dense, expert, plan=plan, hbm_bandwidth=ctx.gpu.hbm_bandwidth, mem_eff=ctx.calib.mem_eff,

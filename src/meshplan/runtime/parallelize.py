@@ -187,7 +187,8 @@ def fsdp_mesh(meshes: Meshes, *, bf16: bool):
     return meshes.flat["dp_shard_cp"] if bf16 else None
 
 
-def apply_fsdp(part: Decoder, mesh, *, zero: int, ignored: set[nn.Parameter], bf16: bool) -> None:
+def apply_fsdp(part: Decoder, mesh, *, zero: int, ignored: set[nn.Parameter], bf16: bool,
+               pipelined: bool = False) -> None:
     """FSDP2 per block and on the part: zero 3 reshards parameters after forward; zero 0/1/2 keep them gathered
     (gradients are still reduce-scattered, which is what ZeRO-1/2 amount to); HSDP when dp_replicate > 1.
 
@@ -196,7 +197,10 @@ def apply_fsdp(part: Decoder, mesh, *, zero: int, ignored: set[nn.Parameter], bf
     fp32, so no autocast weight cache exists and activations are bf16."""
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
         else MixedPrecisionPolicy()
-    kw = dict(mesh=mesh, reshard_after_forward=zero == 3, ignored_params=ignored or None, mp_policy=policy)
+    # Under a pipeline, zero 3 keeps each unit gathered between its forward and backward, as torchtitan does
+    # (re-gathering every micro-batch would be exposed traffic); the cost model assumes the same.
+    kw = dict(mesh=mesh, reshard_after_forward=zero == 3 and not pipelined, ignored_params=ignored or None,
+              mp_policy=policy)
     for block in part.layers.values():
         fully_shard(block, **kw)
     fully_shard(part, **kw)
@@ -210,6 +214,6 @@ def parallelize(part: Decoder, meshes: Meshes, *, ignored: set[nn.Parameter], bf
     apply_recompute(part, meshes.plan)
     mesh = fsdp_mesh(meshes, bf16=bf16)
     if mesh is not None:
-        apply_fsdp(part, mesh, zero=meshes.plan.zero, ignored=ignored, bf16=bf16)
+        apply_fsdp(part, mesh, zero=meshes.plan.zero, ignored=ignored, bf16=bf16, pipelined=meshes.plan.pp > 1)
     return part
 
