@@ -133,6 +133,10 @@ def eager_extra_bytes(layer: LayerSpec, plan: Plan) -> float:
     SDPA (GQA), SiLU's output beside the product (gated FFN), and RoPE's fp32 cos/sin."""
     tp, extra = plan.tp, 0.0
     att = layer.attention
+    if plan.sp and tp > 1:
+        # DTensor ColwiseParallel saves its all-gathered (full-sequence) input for the weight gradient, where
+        # Megatron's SP keeps the shard and gathers again in backward: the QKV and FC1 inputs, 2h each.
+        extra += 2 * 2.0 * layer.hidden * (1 - 1 / tp)
     if att is not None and att.kind == "gqa":
         extra += 2.0 * (att.n_heads - att.n_kv_heads) * att.qk_dim / tp + 8.0 * att.qk_dim
     if layer.gated and layer.moe is None:
