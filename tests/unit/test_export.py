@@ -264,3 +264,19 @@ def test_golden_exports(name, to, fmt):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     assert path.read_text() == text, f"{path.name} changed; rerun with MESHPLAN_UPDATE_GOLDEN=1 if intended"
+
+
+def test_uneven_batch_shares_are_an_approximation_everywhere(tmp_path, capsys):
+    from meshplan.cli.export import run_export
+    from meshplan.spec.io import plan_file_text
+    from meshplan.spec.plan import Plan
+
+    plan = Plan(global_batch=24, seq_len=2048, micro_batch=1, dp=16, zero=1, rank_order="tp-cp-ep-pp-dp",
+                batch_shares=(1, 2))
+    path = tmp_path / "shares.toml"
+    path.write_text(plan_file_text(plan, model="llama3-8b", gpus="8xa100-80gb+8xh100-sxm"))
+    for to in ("megatron", "torchtitan", "deepspeed"):
+        out = tmp_path / f"out.{to}"
+        assert run_export(str(path), to=to, out=str(out)) == 3
+        assert "uneven data-parallel batch shares" in out.read_text()
+        assert "uneven data-parallel batch shares" in capsys.readouterr().err

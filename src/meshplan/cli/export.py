@@ -18,14 +18,14 @@ def run_export(plan_file: str, *, to: str, out: str = "", model_ref: str = "", g
                allow_approximate: bool = False) -> int:
     """Export a plan file; returns the exit status."""
     from meshplan.cli.common import resolve_model
-    from meshplan.export.base import get_exporter, resolve_format
+    from meshplan.export.base import get_exporter, render_export, resolve_format
     from meshplan.spec.io import read_plan_file
 
     exporter = get_exporter(to)
     fmt = resolve_format(exporter, fmt)
     plan, refs = read_plan_file(plan_file)
     model = resolve_model(model_ref or None, refs.get("model"))
-    result = exporter.render(model, plan, gpus=gpus or refs.get("gpus", ""), fmt=fmt)
+    result = render_export(exporter, model, plan, gpus=gpus or refs.get("gpus", ""), fmt=fmt)
     if out:
         Path(out).write_text(result.text)
     else:

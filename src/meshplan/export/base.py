@@ -98,3 +98,22 @@ def header_lines(*, framework: str, model: ModelSpec, plan: Plan, gpus: str,
     else:
         lines.append(f"exact: {framework} expresses every part of the plan")
     return lines
+
+
+def plan_wide_approximations(plan: Plan) -> tuple[str, ...]:
+    """Parts of a plan no supported framework expresses, whatever the exporter."""
+    if plan.batch_shares:
+        return (f"uneven data-parallel batch shares per GPU pool {list(plan.batch_shares)}: the frameworks split the "
+                "global batch evenly over data-parallel ranks",)
+    return ()
+
+
+def render_export(exporter: Exporter, model: ModelSpec, plan: Plan, *, gpus: str = "", fmt: str = "") -> ExportResult:
+    """Render with ``exporter`` and add the plan-wide approximations (as comments and in the result)."""
+    result = exporter.render(model, plan, gpus=gpus, fmt=fmt)
+    extra = plan_wide_approximations(plan)
+    if not extra:
+        return result
+    prefix = "// " if fmt == "json" else "# "
+    text = comment_block([f"APPROXIMATE: {x}" for x in extra], prefix=prefix) + "\n" + result.text
+    return ExportResult(text=text, approximations=tuple(result.approximations) + extra)
