@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
         gpus: str = typer.Option("8xh100-sxm", "--gpus", help="Cluster the prediction is for (its GPU count is "
                                  "the world the fake process group simulates)."),
         plan_file: Optional[str] = typer.Option(None, "--plan", help="Plan file; flags below otherwise."),
-        tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"), dp: int = typer.Option(8, "--dp"),
+        tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"), dp: int = typer.Option(0, "--dp", help="0 = what the GPU count leaves."),
         ep: int = typer.Option(1, "--ep"), zero: int = typer.Option(3, "--zero"),
         sp: bool = typer.Option(False, "--sp/--no-sp"),
         recompute: str = typer.Option("none", "--recompute"),
@@ -94,6 +94,11 @@ def register(app: typer.Typer) -> None:
 
             plan, _ = read_plan_file(plan_file)
         else:
+            if dp == 0:
+                n = catalog.cluster(gpus).n_gpus
+                if n % (tp * pp):
+                    raise SpecError("--dp", dp, f"cannot be derived: tp*pp={tp * pp} does not divide {n} GPUs")
+                dp = n // (tp * pp)
             plan = Plan(global_batch=global_batch, seq_len=seq_len, micro_batch=micro_batch, tp=tp, sp=sp, pp=pp,
                         dp=dp, ep=ep, zero=zero if dp > 1 else 0, recompute=recompute, schedule=schedule,
                         precision="bf16", fused_kernels=False)  # the runtime is eager PyTorch
