@@ -7,7 +7,7 @@ import pytest
 
 from meshplan import catalog
 from meshplan.search import SearchRequest, render_text, result_json, search
-from meshplan.spec.cluster import ClusterSpec
+
 
 
 def _best(model, gpus, gb, seq, **kw):

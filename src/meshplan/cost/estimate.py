@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from meshplan.cost.calib import Calibration, calibration_for
+from meshplan.cost.calib import calibration_for
 from meshplan.cost.comm import collective_time, plan_links
 from meshplan.cost.dp import DPCost, cross_pool_reduce, dp_cost, optimizer_time
 from meshplan.cost.memory import bytes_per_param, layer_recompute_mode, logits_bytes, reserved_bytes

@@ -14,7 +14,6 @@ tensors have no values to route by; the cost model assumes balance too).
 
 from __future__ import annotations
 
-import contextlib
 import types
 from dataclasses import dataclass, replace
 

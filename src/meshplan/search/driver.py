@@ -14,7 +14,8 @@ from typing import Callable
 from meshplan.cost.estimate import estimate, rank_pool
 from meshplan.cost.pipeline import V_SHAPED, stage_rank
 from meshplan.errors import MeshplanError
-from meshplan.search.bounds import (LayerTable, dp_exact, even_pipeline_bound, even_split_work, layer_table,
+from meshplan.search.even import even_pipeline_bound, even_split_work
+from meshplan.search.bounds import (LayerTable, dp_exact, layer_table,
                                     group_pipeline_floor, group_time_bound, mixed_pipeline_floor,
                                     mixed_schedule_bound, p2p_factor,
                                     p2p_send_time, recompute_extra, static_lower_bound,

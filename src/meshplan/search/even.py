@@ -1,0 +1,81 @@
+"""Bounds under the even layer split: per-rank work when layers are spread evenly over the virtual stages,
+and the pipeline-plus-DP-tail lower bound the driver uses before partitioning a leaf's layers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.cost.calib import calibration_for
+from meshplan.cost.comm import plan_links
+from meshplan.cost.dp import dp_cost
+from meshplan.cost.pipeline import V_SHAPED, stage_rank
+from meshplan.search.bounds import LayerTable
+from meshplan.spec.cluster import Pool
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.plan import Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvenSplit:
+    """Per-rank sums under the even layer split (``meshplan.spec.checks.even_split``)."""
+
+    work: tuple[float, ...]
+    """Work per micro-batch of each pipeline rank, head included (s)."""
+    first: tuple[float, float, float, float, int]
+    """Rank 0: (dense params, expert params, forward s, backward s, layers), the head included where rank 0
+    holds the last stage."""
+
+
+def even_split_work(model: ModelSpec, table: LayerTable, plan: Plan) -> EvenSplit:
+    """Work of each pipeline rank when layers are split evenly over the virtual stages, the head on the rank
+    that holds the last stage (looped placement, or rank 0 for V-shaped schedules)."""
+    from meshplan.spec.checks import even_split
+
+    split = even_split(model.n_layers, plan.n_stages)
+    owner = [b for b, blk in enumerate(model.blocks) for _ in range(blk.n_layers)]
+    work = [0.0] * plan.pp
+    d = e = f = bw = 0.0
+    n0, i = 0, 0
+    for v, n in enumerate(split):
+        r = stage_rank(plan.schedule_name, stage=v, pp=plan.pp)
+        for b in owner[i:i + n]:
+            blk = table.blocks[b]
+            work[r] += blk.work
+            if r == 0:
+                d, e, n0 = d + blk.dense, e + blk.expert, n0 + 1
+                f += blk.fwd
+                bw += blk.work - blk.fwd
+        i += n
+    head_rank = stage_rank(plan.schedule_name, stage=plan.n_stages - 1, pp=plan.pp)
+    work[head_rank] += table.head
+    emb = table.emb / (1 if model.tied_embeddings else 2)
+    if head_rank == 0 and plan.pp > 1:
+        # V-shaped: rank 0 also holds the output head (its own weights unless tied) and its compute, which hides
+        # data-parallel traffic; crediting the whole head to both passes keeps the tail a lower bound.
+        emb, f, bw = table.emb, f + table.head, bw + table.head
+    return EvenSplit(work=tuple(work), first=(d + emb, e, f, bw, n0))
+
+
+def even_pipeline_bound(split: EvenSplit, table: LayerTable, plan: Plan, *, pool: Pool, calib) -> float:
+    """Lower bound of the even split's step without its optimizer and overhead (s): the closed forms before
+    max_r W_r is relaxed to the average (see ``pipeline_factor``), plus rank 0's once-per-step data-parallel
+    tail, which nothing hides (``meshplan.cost.estimate._dp_exposed`` gives rank 0 no slack)."""
+    m, p, v = plan.n_micro, plan.pp, max(plan.vpp, 1)
+    wmax, total = max(split.work), sum(split.work)
+    rest = total - wmax
+    s = plan.schedule_name
+    if s in ("1f1b", "gpipe"):
+        pipe = m * wmax + rest
+    elif s == "interleaved_1f1b":
+        pipe = m * wmax + rest / v + (v - 1) * max(p - m, 0) * wmax / v
+    elif s in V_SHAPED:
+        pipe = m * wmax + table.share * rest / 2
+    else:
+        pipe = m * wmax + table.share * rest
+    if plan.zero == 3 and m == 1:
+        return pipe
+    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib, pool.gpu.calibration)
+    dense, expert, f, b, n0 = split.first
+    tail = dp_cost(dense, expert, plan=plan, links=plan_links(plan, pool), calib=cal, fwd=f, bwd=b,
+                   n_units=max(n0, 1)).per_step
+    return pipe + tail
