@@ -9,7 +9,6 @@ from meshplan import catalog
 from meshplan.search import SearchRequest, render_text, result_json, search
 
 
-
 def _best(model, gpus, gb, seq, **kw):
     return search(catalog.model(model), catalog.cluster(gpus),
                   SearchRequest(global_batch=gb, seq_len=seq, simulate=False, top=1, **kw))
