@@ -50,10 +50,12 @@ class Calibration:
     """Extra host time per op on DTensor-sharded (tensor-parallel) layers (s): sharding propagation and
     dispatch; measured by ``meshplan calibrate`` on CPUs."""
     step_overhead_s: float = 0.02
-    """Fixed per-step time outside the model (optimizer bookkeeping, data loading, logging) (s). Fitted."""
+    """Fixed per-step time outside the model (optimizer bookkeeping, data loading, logging) (s): the
+    tens of milliseconds between iterations that Megatron-LM's timers attribute to neither forward nor
+    backward. A documented default, not fitted (it is below the noise of the published step times)."""
     overlap_eff: float = 0.85
     """Fraction of overlappable communication actually hidden (stream contention slows both; Megatron
-    overlap studies report 80-90% hiding). Fitted."""
+    overlap studies report 80-90% hiding). A documented default, not fitted."""
 
     def with_(self, **kw) -> "Calibration":
         """A copy with some constants changed."""
