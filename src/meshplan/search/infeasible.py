@@ -70,6 +70,12 @@ def min_gpus(model, cluster: ClusterSpec, req) -> int:
 def nothing_fits(run) -> tuple[Infeasible, RankedPlan | None]:
     """The typed infeasible result of a search that found no fitting plan."""
     lean = run.leanest[1] if run.leanest else None
+    if lean is None and run.lean_leaf is None and run.req.pins:
+        # No valid layout at all: the pins themselves are impossible here (divisibility), not the memory.
+        pins = ", ".join(f"{k}={v}" for k, v in sorted(run.req.pins.items()))
+        reason = (f"no valid layout with the pinned {pins} for {run.model.name} on {run.cluster.describe()} "
+                  "(degrees must divide the GPU count, heads, layers and batch); unpin or change them")
+        return Infeasible(kind="pins", reason=reason, details={"pins": dict(run.req.pins)}), None
     if lean is None and run.lean_leaf is not None:
         _, vi, plan = run.lean_leaf
         lean = run.run(vi, plan.with_(recompute="full"))
