@@ -29,7 +29,8 @@ def synthetic_bench(*, rate: float = 5e10, n_half: float = 32.0) -> dict:
     coll = {"all_reduce": {"2": [[b, 2 * 100e-6 + 1.0 * b / 1e9] for b in (4096, 2**20, 16 * 2**20)]},
             "all_gather": {"2": [[b, 1 * 100e-6 + 0.5 * b / 1e9] for b in (4096, 2**20, 16 * 2**20)]}}
     return {"device": "cpu", "device_name": "cpu", "dtype": "fp32", "world": 2, "threads": 1,
-            "memory_bytes": 8 * 2**30, "op_overhead_s": 1e-5, "gemm": gemm,
+            "memory_bytes": 8 * 2**30, "op_overhead_s": 1e-5, "dtensor_overhead_s": 2e-5, "sync_s": 2e-3,
+            "gemm": gemm,
             "attention": {"shape": att, "fwd_s": 0.01, "fwd_bwd_s": attention_flops(att) * 3.5 / (0.25 * rate)},
             "copy": {"bytes": 2**26, "s": 2 * 2**26 / 2e10}, "collectives": coll}
 
@@ -64,10 +65,30 @@ def test_profile_round_trips_and_drives_the_estimate(tmp_path):
     assert gpu.hbm_bandwidth == pytest.approx(2e10, rel=1e-3)
     assert gpu.intra_latency == pytest.approx(100e-6, rel=1e-3)
     assert gpu.intra_bandwidth == pytest.approx(1e9, rel=1e-3)
+    assert cal["dtensor_overhead_s"] == 2e-5 and cal["sync_s"] == 2e-3
     cluster = catalog.cluster(f"2x{path}")
     plan = Plan(global_batch=4, seq_len=256, micro_batch=2, dp=2, precision="fp32")
     est = estimate(catalog.model("small-llama"), cluster, plan)
     assert 0.05 < est.step_time < 5.0
+
+
+def test_sync_cost_adds_per_tp_collective(tmp_path):
+    # small-llama, tp2+sp, mb2 of 4: 2 micro-batches x 8 layers x (attention + MLP) x (all-gather +
+    # reduce-scatter) x (forward + backward) = 128 blocking collectives, each 2 ms of host sync = 0.256 s.
+    path = tmp_path / "hw.toml"
+    bench = synthetic_bench()
+    path.write_text(profile_toml(bench, base="cpu", name="hw"))
+    quiet = tmp_path / "quiet.toml"
+    quiet.write_text(profile_toml({**bench, "sync_s": 0.0}, base="cpu", name="quiet"))
+    plan = Plan(global_batch=4, seq_len=256, micro_batch=2, tp=2, sp=True, precision="fp32")
+    model = catalog.model("small-llama")
+    gap = estimate(model, catalog.cluster(f"2x{path}"), plan).step_time - \
+        estimate(model, catalog.cluster(f"2x{quiet}"), plan).step_time
+    assert gap == pytest.approx(128 * 2e-3, rel=1e-9)
+    no_sp = plan.with_(sp=False)  # one all-reduce per block and direction: half the calls
+    gap = estimate(model, catalog.cluster(f"2x{path}"), no_sp).step_time - \
+        estimate(model, catalog.cluster(f"2x{quiet}"), no_sp).step_time
+    assert gap == pytest.approx(64 * 2e-3, rel=1e-9)
 
 
 def test_gpu_base_keeps_datasheet_peak_and_fits_efficiencies():
@@ -90,6 +111,7 @@ def test_calibrate_command_on_this_machine(tmp_path):
     assert 0.01 < cal["attn_eff"] < 3.0 and 1.0 <= cal["n_half"] <= 4096
     assert 1e8 < gpu.hbm_bandwidth < 1e12 and 1e7 < gpu.intra_bandwidth < 1e11
     assert 0 <= gpu.intra_latency < 0.05 and math.isfinite(cal["launch_s"])
+    assert 0 <= cal["sync_s"] < 0.05 and 0 <= cal["dtensor_overhead_s"] < 1e-3
     est = estimate(catalog.model("small-llama"), catalog.cluster(f"2x{out}"),
                    Plan(global_batch=4, seq_len=256, micro_batch=2, dp=2, precision="fp32"))
     assert 0.01 < est.step_time < 20

@@ -49,6 +49,10 @@ class Calibration:
     dtensor_overhead_s: float = 0.0
     """Extra host time per op on DTensor-sharded (tensor-parallel) layers (s): sharding propagation and
     dispatch; measured by ``meshplan calibrate`` on CPUs."""
+    sync_s: float = 0.0
+    """Host synchronisation per blocking collective or pipeline send between compute (s): waking the peer
+    process and the backend's threads; 0 on GPUs (a stream wait, no context switch); measured by ``meshplan
+    calibrate`` on CPUs (``runtime.bench.bench_sync``: compute + small all-reduce, minus each alone)."""
     step_overhead_s: float = 0.02
     """Fixed per-step time outside the model (optimizer bookkeeping, data loading, logging) (s): the
     tens of milliseconds between iterations that Megatron-LM's timers attribute to neither forward nor

@@ -92,7 +92,8 @@ def tp_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx, *, fwd_gemm: float, bwd_g
     one = collective_time("all_reduce", msg, size=plan.tp, link=ctx.links.tp, calib=ctx.calib)
     f = _overlapped(n * one, fwd_gemm, overlap=plan.tp_comm_overlap, chunks=plan.tp, calib=ctx.calib)
     b = _overlapped(n * one, bwd_gemm, overlap=plan.tp_comm_overlap, chunks=plan.tp, calib=ctx.calib)
-    return f, b
+    sync = (2 * n if plan.sp else n) * ctx.calib.sync_s  # host wake-up per blocking call (0 on GPUs)
+    return f + sync, b + sync
 
 
 def cp_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx, *, attn_fwd: float) -> tuple[float, float]:
@@ -111,14 +112,15 @@ def cp_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx, *, attn_fwd: float) -> tu
         width = (att.n_heads * (att.qk_dim + att.v_dim) + kv_heads * att.qk_dim) / plan.tp
         t = collective_time("all_to_all", ops.tokens * width * plan.act_bytes, size=plan.cp, link=ctx.links.cp,
                             calib=ctx.calib)
-        return t, t
+        return t + ctx.calib.sync_s, t + ctx.calib.sync_s
     kv_bytes = ops.tokens * kv_heads * (att.qk_dim + att.v_dim) / plan.tp * plan.act_bytes
     step_f = collective_time("send_recv", kv_bytes, size=2, link=ctx.links.cp, calib=ctx.calib)
     step_b = collective_time("send_recv", 2 * kv_bytes, size=2, link=ctx.links.cp, calib=ctx.calib)
     per_f = attn_fwd / plan.cp
     exp_f = (plan.cp - 1) * max(step_f - ctx.calib.overlap_eff * per_f, 0.0)
     exp_b = (plan.cp - 1) * max(step_b - ctx.calib.overlap_eff * 2.5 * per_f, 0.0)
-    return exp_f, exp_b
+    sync = (plan.cp - 1) * ctx.calib.sync_s  # host wake-up per ring step (0 on GPUs)
+    return exp_f + sync, exp_b + sync
 
 
 def ep_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx) -> float:
@@ -131,7 +133,7 @@ def ep_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx) -> float:
     copies = ops.tokens / plan.tp * moe.top_k * (moe.capacity_factor or 1.0)
     one = collective_time("all_to_all", copies * layer.hidden * plan.act_bytes, size=plan.ep, link=ctx.links.ep,
                           calib=ctx.calib)
-    return 2 * one
+    return 2 * (one + ctx.calib.sync_s)  # sync_s: host wake-up per blocking call (0 on GPUs)
 
 
 def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:

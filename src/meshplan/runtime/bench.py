@@ -99,17 +99,73 @@ def bench_op_overhead(*, device: torch.device) -> float:
 
 
 def bench_dtensor_overhead(*, device: torch.device) -> float:
-    """Extra seconds one tiny op costs on a DTensor (sharding propagation and dispatch), over a plain tensor:
-    tensor-parallel layers pay it on every op."""
+    """Extra host seconds per op of a tensor-parallel layer, over the same work on plain tensors: a
+    column-parallel linear (weight ``Shard(0)``, input ``Replicate``) forward + backward, whose three matmuls
+    (forward, input and weight gradients) pay sharding propagation and subclass dispatch; divided by 3, the
+    ops the cost model charges such a linear (``cost.compute.layer_compute``: backward = 2x forward ops). A
+    cached elementwise op on a DTensor costs ~1/4 of this (13 vs 50-60 us, profile of a tp2 step)."""
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return 0.0
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    x = DTensor.from_local(torch.ones(8, device=device), mesh, [Shard(0)], run_check=False)
-    t = timed(lambda: x.mul(1.0), device=device, min_time_s=0.05)
-    return max(t - bench_op_overhead(device=device), 0.0)
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device.type, (world,))
+    tokens, d_in, d_out = 32, 64, 64 * world
+    w = torch.randn(d_out // world, d_in, device=device, requires_grad=True)
+    x = torch.randn(tokens, d_in, device=device, requires_grad=True)
+    g = torch.randn(tokens, d_out // world, device=device)
+    wd = DTensor.from_local(w.detach(), mesh, [Shard(0)], run_check=False).requires_grad_()
+    xd = DTensor.from_local(x.detach(), mesh, [Replicate()], run_check=False).requires_grad_()
+    gd = DTensor.from_local(g, mesh, [Shard(1)], run_check=False)
+
+    def plain():
+        x.grad = w.grad = None
+        F.linear(x, w).backward(g)
+
+    def sharded():
+        xd.grad = wd.grad = None
+        F.linear(xd, wd).backward(gd)
+
+    t_plain = timed(plain, device=device, min_time_s=0.05)
+    t_sharded = timed(sharded, device=device, min_time_s=0.1)
+    return max(t_sharded - t_plain, 0.0) / 3
+
+
+def bench_sync(*, device: torch.device, work_s: float = 5e-3, pairs: int = 40) -> float:
+    """Host synchronisation seconds of one blocking collective between compute, beyond its back-to-back time:
+    each rank computes ``work_s`` of GEMMs (about the compute between two TP collectives of small-llama),
+    then all-reduces 4 KiB through the functional collectives DTensor uses (issue, then ``wait_tensor``).
+    Back-to-back collectives keep every process hot; between compute, the peer (and gloo's threads) must be
+    woken and scheduled, which on shared CPU cores costs a context switch or a time slice per call (profile of
+    a tp2 step: 4.3 ms per wait vs 0.47 predicted). Paired rounds (work alone, then work + all-reduce); the
+    mean difference without its top and bottom tenth: a step pays every wait, but one descheduled second
+    would swamp 40 pairs."""
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return 0.0
+    import torch.distributed._functional_collectives as fc
+
+    a = torch.randn(128, 128, device=device)
+    one = timed(lambda: a @ a, device=device, min_time_s=0.02)
+    reps = max(int(work_s / max(one, 1e-6)), 1)
+    buf = torch.ones(1024, device=device)
+
+    def reduce():
+        fc.wait_tensor(fc.all_reduce(buf, "sum", dist.group.WORLD))
+
+    t_reduce = _timed_collective(reduce, device)
+    diffs = []
+    for _ in range(pairs):
+        start = time.perf_counter()
+        for _ in range(reps):
+            a @ a
+        mid = time.perf_counter()
+        for _ in range(reps):
+            a @ a
+        reduce()
+        diffs.append((time.perf_counter() - mid) - (mid - start) - t_reduce)
+    kept = sorted(diffs)[pairs // 10: pairs - pairs // 10]
+    return max(sum(kept) / len(kept), 0.0)
 
 
 def group_sizes(world: int) -> list[int]:
@@ -144,13 +200,13 @@ def bench_collectives(s: BenchSettings, *, device: torch.device) -> dict:
     return out
 
 
-def _timed_collective(fn, device: torch.device, s: BenchSettings) -> float:
+def _timed_collective(fn, device: torch.device, s: BenchSettings | None = None, *, calls: int = 15) -> float:
     """Median seconds of one call over a fixed count (every member calls the same number of times); the
     median shrugs off the scheduler hiccups of a loaded machine."""
     fn()
     _sync(device)
     times = []
-    for _ in range(15):
+    for _ in range(calls):
         start = time.perf_counter()
         fn()
         _sync(device)
@@ -175,6 +231,7 @@ def run_benchmarks(s: BenchSettings, *, device: torch.device) -> dict:
     out["attention"] = bench_attention(s, device=device, dtype=dtype)
     out["copy"] = bench_copy(s, device=device)
     out["collectives"] = bench_collectives(s, device=device) if world > 1 else {}
+    out["sync_s"] = bench_sync(device=device)
     return out
 
 
