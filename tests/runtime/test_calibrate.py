@@ -89,6 +89,11 @@ def test_sync_cost_adds_per_tp_collective(tmp_path):
     gap = estimate(model, catalog.cluster(f"2x{path}"), no_sp).step_time - \
         estimate(model, catalog.cluster(f"2x{quiet}"), no_sp).step_time
     assert gap == pytest.approx(64 * 2e-3, rel=1e-9)
+    fsdp = Plan(global_batch=4, seq_len=256, micro_batch=1, dp=2, zero=3, precision="fp32")
+    # 2 micro-batches x 8 layers x (all-gather forward; all-gather + reduce-scatter backward) = 48 calls
+    gap = estimate(model, catalog.cluster(f"2x{path}"), fsdp).step_time - \
+        estimate(model, catalog.cluster(f"2x{quiet}"), fsdp).step_time
+    assert gap == pytest.approx(48 * 2e-3, rel=1e-9)
 
 
 def test_gpu_base_keeps_datasheet_peak_and_fits_efficiencies():

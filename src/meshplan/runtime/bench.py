@@ -132,9 +132,11 @@ def bench_dtensor_overhead(*, device: torch.device) -> float:
     return max(t_sharded - t_plain, 0.0) / 3
 
 
-def bench_sync(*, device: torch.device, work_s: float = 5e-3, pairs: int = 40) -> float:
+def bench_sync(*, device: torch.device, work_s: float = 10e-3, pairs: int = 30) -> float:
     """Host synchronisation seconds of one blocking collective between compute, beyond its back-to-back time:
-    each rank computes ``work_s`` of GEMMs (about the compute between two TP collectives of small-llama),
+    each rank computes ``work_s`` of GEMMs (the compute between two blocking collectives of small-llama's
+    tp2+sp and fsdp2 steps: 0.62 s / 64 calls, 0.44 s / 48 calls on 2 shared cores, ~10 ms; the extra wait
+    grows with it: 0.9-1.4 ms at 5 ms, 1.75 ms at 10 ms in one quiet run),
     then all-reduces 4 KiB through the functional collectives DTensor uses (issue, then ``wait_tensor``).
     Back-to-back collectives keep every process hot; between compute, the peer (and gloo's threads) must be
     woken and scheduled, which on shared CPU cores costs a context switch or a time slice per call (profile of
