@@ -110,6 +110,13 @@ def _vpp(row: dict) -> int:
     return 2 if "interleav" in text and _int(row, "pp") > 1 else 1
 
 
+def _before_flash(row: dict) -> bool:
+    """The source is from before 2023, when FlashAttention (Dao et al., 2022) reached Megatron-LM and PyTorch:
+    attention then ran as unfused kernels that materialize the score matrix."""
+    years = [int(y) for y in re.findall(r"\b(20[0-3]\d)\b", row.get("source") or "")]
+    return bool(years) and min(years) <= 2022
+
+
 def _micro_batch(row: dict, titan: bool) -> int:
     """Micro-batch size; unknown means the framework default: 1 for Megatron-family recipes, and for
     torchtitan pipelines as many micro-batches as pipeline stages (its pipeline_parallel_microbatches
@@ -137,7 +144,8 @@ def row_plan(row: dict) -> Plan:
                 zero=_int(row, "zero", 0), ep=_int(row, "ep", 1), recompute=row.get("recompute") or "none",
                 precision=row.get("precision") or "bf16",
                 tp_comm_overlap=any(k in notes for k in ("tp-comm-overlap", "tp_comm_overlap", "asynctp")),
-                fused_kernels=not titan or compiled, selective_policy="op" if titan else "attention")
+                fused_kernels=not titan or compiled, selective_policy="op" if titan else "attention",
+                flash_attention=not _before_flash(row))
 
 
 def infer_recompute(row: dict, model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> Plan:

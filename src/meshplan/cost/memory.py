@@ -107,7 +107,10 @@ def act_bytes_per_token(layer: LayerSpec, plan: Plan, *, recompute: str) -> floa
         if recompute != "selective":
             # Flash attention keeps only its fp32 log-sum-exp; the output is kept anyway as the input of the
             # output projection, so selective recompute frees just the statistics (measured by memcheck).
-            total += 4.0 * att.n_heads / tp
+            # Unfused attention keeps its scores, softmax, dropout mask and output: 5 a s bytes per token
+            # (Korthikanti et al. 2022, eq. 1), which is what selective recompute was made to drop.
+            total += 4.0 * att.n_heads / tp if plan.flash_attention else \
+                5.0 * att.n_heads * plan.seq_len / tp
     mats_up = 2 if layer.gated else 1
     total += 4.0 * h / h_div
     if layer.moe is not None:

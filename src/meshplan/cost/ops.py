@@ -58,6 +58,8 @@ class LayerOps:
     RoPE); the host-overhead model multiplies it."""
     n_params: int = 0
     """Parameter tensors of the layer (the optimizer launches a fixed number of ops per tensor)."""
+    score_bytes: float = 0.0
+    """Without flash attention: HBM bytes the materialized score matrix moves in the forward (bytes)."""
 
 
 def attention_gemms(att: AttentionSpec, h: int, tokens: int, tp: int) -> list[Gemm]:
@@ -139,6 +141,14 @@ def elementwise_bytes(layer: LayerSpec, *, tokens: int, plan: Plan, dtype_bytes:
     return (hidden_traffic + act + rope) * dtype_bytes * unfused
 
 
+def score_traffic(att: AttentionSpec, *, tokens: int, kv_len: int, tp: int) -> float:
+    """Forward HBM bytes of unfused attention's score matrix per rank: write QK^T, read it for the fused
+    scale-mask-softmax and write the probabilities, dropout's 1-byte mask and output, read by AV (16-bit
+    scores: ~11 bytes per score; Megatron-LM's fused softmax kernels, Korthikanti et al. 2022 sec. 4.1 count
+    the same tensors). The full matrix is computed and then masked, causal or not."""
+    return 11.0 * tokens * kv_len * att.n_heads / tp
+
+
 def op_count(layer: LayerSpec, gemms: list[Gemm], *, fused: bool) -> int:
     """Kernels of one layer's forward. Fused (TE, torch.compile): one per norm, activation, residual add and
     RoPE; eager PyTorch: RMSNorm ~6 ops (pow, mean, add, rsqrt, mul, mul), SiLU-and-multiply 2, complex RoPE
@@ -154,11 +164,14 @@ def layer_ops(layer: LayerSpec, *, tokens: int, plan: Plan, seq: int = 0, dtype_
     ``seq`` is the full per-sample sequence each query attends over (0 = plan.seq_len)."""
     tp = plan.tp
     gemms: list[Gemm] = []
-    attn = 0.0
+    attn = score_bytes = 0.0
     if layer.attention is not None:
         gemms += attention_gemms(layer.attention, layer.hidden, tokens, tp)
         # Ring/all-to-all context parallel: each rank's queries meet all cp chunks of keys once.
-        attn = attention_core_flops(layer.attention, tokens=tokens, kv_len=seq or plan.seq_len, tp=tp)
+        att_spec = layer.attention if plan.flash_attention else replace(layer.attention, causal=False)
+        attn = attention_core_flops(att_spec, tokens=tokens, kv_len=seq or plan.seq_len, tp=tp)
+        if not plan.flash_attention:
+            score_bytes = score_traffic(layer.attention, tokens=tokens, kv_len=seq or plan.seq_len, tp=tp)
     if layer.in_hidden and layer.in_hidden != layer.hidden:
         gemms.append(Gemm(name="in_proj", m=tokens, n=layer.hidden // tp, k=layer.in_hidden))
     gemms += moe_gemms(layer, tokens=tokens, plan=plan) if layer.moe else mlp_gemms(layer, tokens=tokens, tp=tp)
@@ -166,5 +179,5 @@ def layer_ops(layer: LayerSpec, *, tokens: int, plan: Plan, seq: int = 0, dtype_
         gemms = [replace(g, cast_pass=True) for g in gemms]
     return LayerOps(gemms=tuple(gemms), attn_flops=attn, tokens=tokens,
                     n_ops=op_count(layer, gemms, fused=plan.fused_kernels),
-                    n_params=len(gemms) + 2 + (4 if layer.bias else 0),
+                    n_params=len(gemms) + 2 + (4 if layer.bias else 0), score_bytes=score_bytes,
                     elementwise_bytes=elementwise_bytes(layer, tokens=tokens, plan=plan, dtype_bytes=dtype_bytes))

@@ -69,6 +69,9 @@ class Plan:
     per-op policy: every other matmul and all elementwise ops; attention outputs kept)."""
     fused_kernels: bool = True
     """Elementwise ops run fused (Megatron/TE kernels or torch.compile); False = eager PyTorch."""
+    flash_attention: bool = True
+    """Attention runs as one fused flash kernel (Dao et al. 2022); False = separate QK^T, softmax and AV
+    kernels that materialize the score matrix (Megatron-LM before 2023)."""
     precision: str = "bf16"
     """Compute precision: ``bf16``, ``fp16``, ``fp32``, or ``fp8`` (linear layers only)."""
     overlap_grad_reduce: bool = True
