@@ -176,8 +176,16 @@ def run(cfg: RunConfig, device: torch.device) -> list[dict]:
     for step in range(start + 1, cfg.steps + 1):
         if step == cfg.fail_at_step and rank == min(1, dist.get_world_size() - 1):
             os.kill(os.getpid(), signal.SIGKILL)
+        profiling = step in cfg.profile_steps
+        if profiling:
+            # Start and stop the profiler while no collective is in flight on any rank: starting or stopping
+            # it under a peer's pending gloo call aborted a CPU run once ("terminate called without an
+            # active exception").
+            dist.barrier()
         with _profiled(cfg, step, device) as prof:
             row = train_step(t, step)
+            if profiling:
+                dist.barrier()
         if prof is not None and cfg.out_dir:
             prof.export_chrome_trace(str(Path(cfg.out_dir) / f"trace-step{step}-rank{rank}.json"))
         rows.append(row)
