@@ -55,34 +55,22 @@ def rank_of_stage(plan: Plan, stage: int) -> int:
     return stage * plan.stride("pp")
 
 
-def _balanced_moe_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """``MoE.forward`` with routing counts fixed to an even split (fake tensors carry no values to count).
-    Allocations mirror the real forward: router, top-k, sorted copies, expert GEMMs, all-to-alls, combine."""
+def _balanced_run_routed(self, routed: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """``MoE.run_routed`` with routing counts fixed to an even split (fake tensors carry no values to count);
+    the allocations mirror the real step: expert GEMMs and the two all-to-alls."""
     from torch.distributed._functional_collectives import all_to_all_single_autograd
 
-    shape = x.shape
-    flat = x.reshape(-1, shape[-1])
-    probs = torch.softmax(self.router(flat).float(), dim=-1)
-    weights, experts = probs.topk(self.top_k, dim=-1)
-    weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
-    order = torch.argsort(experts.flatten(), stable=True)
-    token = order // self.top_k
-    routed = flat[token]
     rows = routed.shape[0]
     if self.ep is None:
-        routed = self._experts(routed, _even(rows, self.n_experts))
-    else:
-        ep = self.ep
-        splits = _even(rows, ep.size)
-        got = all_to_all_single_autograd(routed, splits, splits, ep.group)
-        regroup = torch.arange(got.shape[0], device=got.device)
-        done = self._experts(got[regroup], _even(got.shape[0], self.n_experts // ep.size))
-        back = torch.empty_like(done).index_copy(0, regroup, done)
-        routed = all_to_all_single_autograd(back, splits, splits, ep.group)
-    out = torch.zeros_like(flat).index_add(0, token, routed * weights.flatten()[order, None])
-    if self.shared is not None:
-        out = out + self.shared(flat)
-    return out.view(shape)
+        return self._experts(routed, _even(rows, self.n_experts))
+    ep = self.ep
+    splits = _even(rows, ep.size)
+    got = all_to_all_single_autograd(routed, splits, splits, ep.group)
+    # The real dispatch regroups received rows by local expert and back: two copies, kept for their memory.
+    regroup = torch.arange(got.shape[0], device=got.device)
+    done = self._experts(got[regroup], _even(got.shape[0], self.n_experts // ep.size))
+    back = torch.empty_like(done).index_copy(0, regroup, done)
+    return all_to_all_single_autograd(back, splits, splits, ep.group)
 
 
 class _FusedRMSNorm(torch.autograd.Function):
@@ -131,7 +119,7 @@ def _balance_moe(parts) -> None:
     for part in parts:
         for m in part.modules():
             if isinstance(m, MoE):
-                m.forward = types.MethodType(_balanced_moe_forward, m)
+                m.run_routed = types.MethodType(_balanced_run_routed, m)
 
 
 def pipeline_order(plan: Plan, pp_rank: int) -> list[tuple[str, int]]:
