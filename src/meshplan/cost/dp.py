@@ -72,6 +72,10 @@ def fsdp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: C
     on = plan.overlap_param_gather
     f = max(ag - calib.overlap_eff * fwd, ag / units) if on else ag
     b = max(ag + rs - calib.overlap_eff * bwd, (ag + rs) / units) if on else ag + rs
+    # Each unit's blocking calls (one gather in forward; gather and reduce-scatter in backward) cost the host
+    # a synchronisation that no overlap hides (sync_s, measured by `meshplan calibrate`; 0 on GPUs).
+    f += units * calib.sync_s
+    b += 2 * units * calib.sync_s
     rep = plan.dp_replicate
     ar = collective_time("all_reduce", dense / shard * 4.0, size=rep, link=links.dp_replicate, calib=calib)
     per_step = max(ar - calib.overlap_eff * bwd, 0.0) if plan.overlap_grad_reduce else ar

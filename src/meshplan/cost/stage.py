@@ -136,16 +136,6 @@ def ep_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx) -> float:
     return 2 * (one + ctx.calib.sync_s)  # sync_s: host wake-up per blocking call (0 on GPUs)
 
 
-def fsdp_sync(ctx: Ctx) -> tuple[float, float]:
-    """Host synchronisation (forward, backward) of one FSDP unit (a layer) per micro-batch: the blocking
-    calls of ``cost.dp.fsdp_cost`` (all-gather before forward; all-gather and reduce-scatter in backward),
-    each ``sync_s``; none under a multi-micro-batch pipeline, which gathers once per step. 0 on GPUs."""
-    plan = ctx.plan
-    if plan.zero != 3 or plan.zero_group <= 1 or (plan.pp > 1 and plan.n_micro > 1):
-        return 0.0, 0.0
-    return ctx.calib.sync_s, 2 * ctx.calib.sync_s
-
-
 def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:
     """Costs of one layer of ``block`` on one rank for one micro-batch."""
     plan, layer = ctx.plan, block.layer
@@ -171,9 +161,7 @@ def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:
     per_tok = act_bytes_per_token(layer, plan, recompute=mode)
     full_tok = act_bytes_per_token(layer, plan, recompute="none")
     ep = ep_comm(layer, ops, ctx)
-    # FSDP's per-layer host sync is host time like op dispatch, so it joins the compute (not the recompute).
-    sync_f, sync_b = fsdp_sync(ctx)
-    return LayerCost(fwd=f + sync_f, bwd_input=bi + rec + sync_b, bwd_weight=bw, recompute=rec, tp_f=tp_f,
+    return LayerCost(fwd=f, bwd_input=bi + rec, bwd_weight=bw, recompute=rec, tp_f=tp_f,
                      tp_b=tp_b + (tp_f if full else 0.0), cp_f=cp_f, cp_b=cp_b + (cp_f if full else 0.0),
                      ep_f=ep, ep_b=ep + (ep if full else 0.0), act_bytes=per_tok * ops.tokens,
                      full_act_bytes=full_tok * ops.tokens, n_params=ops.n_params)
