@@ -8,6 +8,7 @@ from meshplan import catalog
 from meshplan.cost.calib import Calibration
 from meshplan.cost.comm import collective_time
 from meshplan.cost.estimate import estimate, model_flops
+from meshplan.cost.stage import mtp_depth
 from meshplan.cost.memory import act_bytes_per_token, bytes_per_param, layer_params, model_params
 from meshplan.spec.cluster import GroupLink, Pool, group_link
 from meshplan.spec.plan import Plan
@@ -97,3 +98,18 @@ def test_estimate_breakdown_sums_to_step_time():
     assert e.time.total() == pytest.approx(e.step_time)
     assert e.tokens_per_s == pytest.approx(128 * 8192 / e.step_time)
     assert e.memory.total() == max(s.total() for s in e.memory_per_stage)
+
+
+def test_mtp_adds_one_layer_and_one_logits_pass_per_depth():
+    # DeepSeek-V3 sec. 2.2 / Megatron-Bridge flop_utils: each MTP depth is one more layer of the last block, an
+    # eh projection 2h -> h and one more logits pass: 3 x (layer + 2 s (2h) h + 2 s h V) per sequence.
+    from meshplan.calibrate.runs import with_mtp
+
+    m = catalog.model("gpt3-175b")
+    mtp = with_mtp(m, 1)
+    assert mtp_depth(mtp) == 1 and mtp.n_layers == m.n_layers + 1
+    s, h, V = 2048, 12288, 51200
+    plan = Plan(global_batch=1, seq_len=s)
+    layer = (model_flops(m, plan) - 3 * 2 * s * h * V) / m.n_layers
+    assert model_flops(mtp, plan) - model_flops(m, plan) == pytest.approx(
+        layer + 3 * (2 * s * 2 * h * h + 2 * s * h * V), rel=1e-12)

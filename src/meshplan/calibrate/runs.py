@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import csv
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from meshplan import catalog
 from meshplan.errors import MeshplanError, SpecError
 from meshplan.spec.checks import plan_violations
 from meshplan.spec.cluster import ClusterSpec, Pool
-from meshplan.spec.model import ModelSpec, MoESpec, decoder_model
+from meshplan.cost.estimate import model_flops
+from meshplan.spec.model import BlockSpec, ModelSpec, MoESpec, decoder_model
 from meshplan.spec.plan import Plan
 
 REQUIRED = ("id", "arch", "n_layers", "hidden", "ffn_hidden", "n_heads", "vocab", "seq_len", "global_batch", "gpu",
@@ -158,6 +159,54 @@ def infer_recompute(row: dict, model: ModelSpec, cluster: ClusterSpec, plan: Pla
     return plan
 
 
+def _counted_flops_per_token(row: dict) -> float:
+    """FLOPs per token that Megatron-Bridge's counter credited: its model TFLOP/s over its tokens/s (FLOP); 0
+    for other sources (their counters differ, e.g. the full s^2 attention term) or rows without both."""
+    m = re.search(r"Model TFLOP/s/GPU = ([\d.]+)", row.get("notes") or "")
+    if (not m or row.get("reported_metric") != "tokens_per_s_per_gpu"
+            or "megatron-bridge" not in (row.get("source") or "").lower()):
+        return 0.0
+    return float(m.group(1)) * 1e12 / float(row["reported_value"])
+
+
+def with_mtp(model: ModelSpec, depth: int) -> ModelSpec:
+    """The model plus ``depth`` multi-token-prediction modules (DeepSeek-V3 sec. 2.2): each is one more layer of
+    the last block whose input projection maps [norm(embedding); norm(hidden)] (2h) to h, and one more pass
+    through the shared output head (counted by ``cost.stage.mtp_depth``)."""
+    last = model.blocks[-1]
+    layer = replace(last.layer, in_hidden=2 * last.layer.hidden)
+    return replace(model, blocks=model.blocks + (BlockSpec(name="mtp", n_layers=depth, layer=layer),))
+
+
+def infer_mtp(row: dict, model: ModelSpec, plan: Plan) -> ModelSpec:
+    """MTP modules the run trained: the dataset counts layers without them, and Megatron-Bridge's FLOP counter
+    (training/utils/flop_utils.py) adds one layer and one logits pass per depth when mtp_num_layers is set, so
+    the depth (0-2) is the one whose model FLOPs per token are closest to what the source counted."""
+    counted = _counted_flops_per_token(row)
+    if not counted:
+        return model
+    tokens = plan.global_batch * plan.seq_len
+    return min([model] + [with_mtp(model, d) for d in (1, 2)],
+               key=lambda m: abs(model_flops(m, plan) / tokens - counted))
+
+
+# Megatron-Bridge's DeepSeek-V3 recipe (recipes/deepseek/deepseek_v3.py, layout_map) pins the pipeline layout for
+# these (pp, vpp): ceil(layers / stages) decoder layers per virtual stage, the remainder, MTP and loss on the last.
+MBRIDGE_DSV3_LAYOUTS = ((4, 1), (8, 1), (4, 2), (16, 1), (8, 2), (4, 4))
+
+
+def framework_split(row: dict, model: ModelSpec, plan: Plan) -> Plan:
+    """The layer placement a framework recipe pins, where the source used one; else the plan unchanged."""
+    name = (row.get("model") or "").lower().replace("-", "")
+    if ("megatron-bridge" not in (row.get("source") or "").lower() or "deepseekv3" not in name
+            or (plan.pp, plan.vpp) not in MBRIDGE_DSV3_LAYOUTS):
+        return plan
+    mtp = sum(b.n_layers for b in model.blocks if b.name == "mtp")
+    decoder, stages = model.n_layers - mtp, plan.n_stages
+    per = -(-decoder // stages)
+    return plan.with_(layer_split=(per,) * (stages - 1) + (decoder - per * (stages - 1) + mtp,))
+
+
 def row_to_run(row: dict) -> Run:
     """Translate one CSV row; raises MeshplanError with the reason when it cannot be expressed."""
     missing = [k for k in REQUIRED if not (row.get(k) or "").strip()]
@@ -167,6 +216,9 @@ def row_to_run(row: dict) -> Run:
     bad = plan_violations(model, cluster, plan)
     if not bad:
         plan = infer_recompute(row, model, cluster, plan)
+        model = infer_mtp(row, model, plan)
+        plan = framework_split(row, model, plan)
+        bad = plan_violations(model, cluster, plan)
     if bad:
         raise SpecError(row["id"], "layout", "; ".join(bad))
     return Run(id=row["id"], model=model, cluster=cluster, plan=plan, measured_s=float(row["step_time_s"]), row=row)

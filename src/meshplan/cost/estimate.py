@@ -15,7 +15,7 @@ from meshplan.cost.memory import bytes_per_param, layer_recompute_mode, logits_b
 from meshplan.cost.ops import layer_ops
 from meshplan.cost.pipeline import closed_form, inflight_microbatches, rank_stages, stage_rank
 from meshplan.cost.result import Estimate, MemoryBreakdown, StageTimes, TimeBreakdown
-from meshplan.cost.stage import Ctx, LayerCost, head_cost, layer_cost, stage_params, tokens_of
+from meshplan.cost.stage import Ctx, LayerCost, head_cost, layer_cost, mtp_depth, stage_params, tokens_of
 from meshplan.spec.checks import check_plan, layer_split, replicas_per_pool
 from meshplan.spec.cluster import ClusterSpec, GroupLink, Pool
 from meshplan.spec.model import BlockSpec, ModelSpec
@@ -201,7 +201,7 @@ def model_flops(model: ModelSpec, plan: Plan) -> float:
     for b in model.blocks:
         ops = layer_ops(b.layer, tokens=b.tokens or plan.seq_len, plan=unit, seq=b.tokens or plan.seq_len)
         fwd += b.n_layers * (sum(g.flops for g in ops.gemms) + ops.attn_flops)
-    fwd += 2.0 * plan.seq_len * model.hidden * model.vocab
+    fwd += 2.0 * plan.seq_len * model.hidden * model.vocab * (1 + mtp_depth(model))  # one head per MTP depth
     return 3.0 * fwd * plan.global_batch
 
 

@@ -167,17 +167,25 @@ def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:
                      full_act_bytes=full_tok * ops.tokens, n_params=ops.n_params)
 
 
+def mtp_depth(model: ModelSpec) -> int:
+    """Multi-token-prediction depths (DeepSeek-V3 sec. 2.2): layers of the model's ``mtp`` blocks, each of which
+    ends in its own pass through the shared output head and loss."""
+    return sum(b.n_layers for b in model.blocks if b.name == "mtp")
+
+
 def head_cost(model: ModelSpec, ctx: Ctx) -> tuple[float, float]:
     """(forward, backward) seconds of the output head and cross-entropy on the last stage: the logits GEMM
     (and its two backward GEMMs) plus fp32 softmax traffic over the vocabulary (read/write ~10 bytes per
-    logit each way)."""
+    logit each way), once for the main prediction and once per MTP depth (Megatron-Core
+    MultiTokenPredictionBlock computes logits and loss per depth with the shared output layer)."""
     plan = ctx.plan
+    heads = 1 + mtp_depth(model)
     tokens = max(plan.micro_batch * plan.seq_len // plan.cp, 1)
     g = Gemm(name="logits", m=tokens, n=model.vocab // plan.tp, k=model.hidden)
     dtype = "bf16" if plan.precision == "fp8" else plan.precision
     t = gemm_time(g, gpu=ctx.gpu, calib=ctx.calib, dtype=dtype)
     ce = memory_time(tokens * model.vocab / plan.tp * 10.0, gpu=ctx.gpu, calib=ctx.calib)
-    return t + ce, 2 * t + ce
+    return heads * (t + ce), heads * (2 * t + ce)
 
 
 def stage_params(model: ModelSpec, layers: list[tuple[BlockSpec, int]], plan: Plan, *, first: bool,
@@ -196,5 +204,9 @@ def stage_params(model: ModelSpec, layers: list[tuple[BlockSpec, int]], plan: Pl
     if first:
         dense += emb
     if last and (not model.tied_embeddings or not first):
+        dense += emb
+    if last and not first and mtp_depth(model):
+        # MTP embeds the shifted tokens on the last stage, which holds its own copy of the (shared) embedding
+        # (Megatron-Core GPTModel builds the embedding where pre_process or mtp_process).
         dense += emb
     return dense, expert
