@@ -113,3 +113,26 @@ def test_mtp_adds_one_layer_and_one_logits_pass_per_depth():
     layer = (model_flops(m, plan) - 3 * 2 * s * h * V) / m.n_layers
     assert model_flops(mtp, plan) - model_flops(m, plan) == pytest.approx(
         layer + 3 * (2 * s * 2 * h * h + 2 * s * h * V), rel=1e-12)
+
+
+def test_fp8_sequence_parallel_forward_gathers_one_byte_per_element():
+    # TE gathers the fp8 norm output (layernorm_linear.py): forward = AG(1 B) + RS(2 B) per tp collective pair;
+    # the backward stays 16-bit.
+    from meshplan.cost.calib import Calibration
+    from meshplan.cost.comm import plan_links
+    from meshplan.cost.ops import layer_ops
+    from meshplan.cost.stage import Ctx, tp_comm
+
+    m, gpu = catalog.model("llama3-70b"), catalog.gpu("h100-sxm")
+    pool, cal = Pool(gpu=gpu, n_gpus=8), Calibration()
+    out = {}
+    for prec in ("bf16", "fp8"):
+        plan = Plan(global_batch=1, seq_len=8192, tp=8, sp=True, dp=1, precision=prec)
+        ops = layer_ops(m.decoder, tokens=8192, plan=plan)
+        ctx = Ctx(model=m, plan=plan, gpu=gpu, links=plan_links(plan, pool), calib=cal)
+        out[prec] = tp_comm(m.decoder, ops, ctx, fwd_gemm=1.0, bwd_gemm=1.0)
+    msg, link = 8192 * m.hidden * 2.0, plan_links(Plan(global_batch=1, seq_len=8192, tp=8, sp=True), pool).tp
+    ag_saved = 2 * (collective_time("all_gather", msg, size=8, link=link, calib=cal)
+                    - collective_time("all_gather", msg / 2, size=8, link=link, calib=cal))
+    assert out["bf16"][0] - out["fp8"][0] == pytest.approx(ag_saved, rel=1e-9)
+    assert out["fp8"][1] == pytest.approx(out["bf16"][1], rel=1e-12)

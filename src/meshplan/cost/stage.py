@@ -90,7 +90,14 @@ def tp_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx, *, fwd_gemm: float, bwd_g
     n = int(layer.attention is not None) + int(layer.moe is None or plan.etp > 1)
     msg = ops.tokens * layer.hidden * plan.act_bytes
     one = collective_time("all_reduce", msg, size=plan.tp, link=ctx.links.tp, calib=ctx.calib)
-    f = _overlapped(n * one, fwd_gemm, overlap=plan.tp_comm_overlap, chunks=plan.tp, calib=ctx.calib)
+    one_f = one
+    if plan.sp and plan.precision == "fp8" and plan.fused_kernels:
+        # Transformer Engine quantizes the norm output before the sequence-parallel all-gather and gathers
+        # 1 byte/element (pytorch/module/layernorm_linear.py: gather_along_first_dim of the fp8 ln_out); the
+        # reduce-scatter after the row-parallel GEMM stays 16-bit.
+        one_f = (collective_time("all_gather", msg / plan.act_bytes, size=plan.tp, link=ctx.links.tp, calib=ctx.calib)
+                 + collective_time("reduce_scatter", msg, size=plan.tp, link=ctx.links.tp, calib=ctx.calib))
+    f = _overlapped(n * one_f, fwd_gemm, overlap=plan.tp_comm_overlap, chunks=plan.tp, calib=ctx.calib)
     b = _overlapped(n * one, bwd_gemm, overlap=plan.tp_comm_overlap, chunks=plan.tp, calib=ctx.calib)
     sync = (2 * n if plan.sp else n) * ctx.calib.sync_s  # host wake-up per blocking call (0 on GPUs)
     return f + sync, b + sync
