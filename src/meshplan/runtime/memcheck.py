@@ -108,6 +108,19 @@ def _simulate_gpu_kernels(parts) -> None:
                 m.forward = types.MethodType(_fused_rms_forward, m)
 
 
+def _propagate_outside_fake_mode(real):
+    """DTensor's sharding propagation runs each op once on global-shape fake tensors to learn its output's
+    metadata, under ``detect_fake_mode()``. On a GPU that is a private fake mode the allocator never sees; here
+    it would be memcheck's own mode, which MemTracker tracks: loss parallel's log-softmax alone then adds two
+    full-vocabulary fp32 tensors (8 GiB for Llama-3.1-8B at 8192 tokens) to the peak. Run it as on a GPU."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def propagate(self, op_schema):
+        with unset_fake_temporarily():
+            return real(self, op_schema)
+    return propagate
+
+
 def _even(n: int, k: int) -> list[int]:
     base, rem = divmod(n, k)
     return [base + (i < rem) for i in range(k)]
@@ -219,8 +232,11 @@ def _build(cfg: RunConfig, spec: ModelSpec, meshes, ep_mesh):
 
 def measure_rank(spec: ModelSpec, plan: Plan, *, rank: int, model_ref: str = "") -> Measured:
     """Peak tracked memory of global ``rank`` over a steady-state training step of ``plan``."""
+    from unittest import mock
+
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", rank=rank, world_size=plan.n_gpus, store=FakeStore())
@@ -232,7 +248,9 @@ def measure_rank(spec: ModelSpec, plan: Plan, *, rank: int, model_ref: str = "")
 
         meshes = build_meshes(plan, "cpu")
         ep_mesh = expert_mesh(meshes, "cpu") if spec.is_moe and plan.ep * plan.etp > 1 else None
-        with FakeTensorMode():
+        real = ShardingPropagator._propagate_tensor_meta_non_cached
+        with FakeTensorMode(), mock.patch.object(ShardingPropagator, "_propagate_tensor_meta_non_cached",
+                                                 _propagate_outside_fake_mode(real)):
             t = _build(cfg, spec, meshes, ep_mesh)
             _balance_moe(t.parts)
             _simulate_gpu_kernels(t.parts)
