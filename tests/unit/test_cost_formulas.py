@@ -9,7 +9,8 @@ from meshplan.cost.calib import Calibration
 from meshplan.cost.comm import collective_time
 from meshplan.cost.estimate import estimate, model_flops
 from meshplan.cost.stage import mtp_depth
-from meshplan.cost.memory import act_bytes_per_token, bytes_per_param, layer_params, model_params
+from meshplan.cost.memory import (RankLoad, act_bytes_per_token, bytes_per_param, embedding_grad_bytes, layer_params,
+                                  logits_bytes, model_params, moe_eager_extra_bytes, pipelined_grads, rank_memory)
 from meshplan.spec.cluster import GroupLink, Pool, group_link
 from meshplan.spec.plan import Plan
 
@@ -136,3 +137,49 @@ def test_fp8_sequence_parallel_forward_gathers_one_byte_per_element():
                     - collective_time("all_gather", msg / 2, size=8, link=link, calib=cal))
     assert out["bf16"][0] - out["fp8"][0] == pytest.approx(ag_saved, rel=1e-9)
     assert out["fp8"][1] == pytest.approx(out["bf16"][1], rel=1e-12)
+
+
+def test_logits_bytes_per_logit_by_runtime():
+    m = catalog.model("llama3.1-8b")
+    logits = 8192 * 128256
+    # Megatron's fused cross-entropy 6 B; eager fp32 log-softmax + nll grad + log-softmax grad 12 B; torch's
+    # loss_parallel (zeros_like + exp) * grad beside the saved log-softmax 16 B, on V / tp logits.
+    assert logits_bytes(m, Plan(global_batch=8, seq_len=8192)) == pytest.approx(6 * logits)
+    assert logits_bytes(m, Plan(global_batch=8, seq_len=8192, fused_kernels=False)) == pytest.approx(12 * logits)
+    assert logits_bytes(m, Plan(global_batch=8, seq_len=8192, tp=8, fused_kernels=False)) == pytest.approx(16 * logits / 8)
+
+
+def test_eager_vocab_parallel_embedding_gradient_is_whole():
+    m = catalog.model("llama3.1-8b")
+    plan = Plan(global_batch=8, seq_len=8192, tp=8, sp=True, fused_kernels=False)
+    # fp32, replicated over tp: 4 V h (1 - 1/8) = 1.71 GiB while micro-batches accumulate.
+    assert embedding_grad_bytes(m, plan) == pytest.approx(4 * 128256 * 4096 * 7 / 8)
+    assert embedding_grad_bytes(m, dataclasses.replace(plan, global_batch=1)) == 0.0
+    assert embedding_grad_bytes(m, dataclasses.replace(plan, fused_kernels=True)) == 0.0
+
+
+def test_moe_eager_extra_bytes_by_hand():
+    layer = catalog.model("qwen3-30b-a3b").blocks[0].layer
+    # top-8 copies x (index_copy and index_add sources 2 x 2h + silu output 2f) + fp32 router softmax 4 E.
+    assert moe_eager_extra_bytes(layer, Plan(global_batch=8, seq_len=4096, fused_kernels=False)) == 8 * (4 * 2048 + 2 * 768) + 4 * 128
+
+
+def test_pipelined_gradients_beside_the_peak_activations():
+    plan = Plan(global_batch=8, seq_len=4096, pp=4, dp=2, zero=3, schedule="1f1b")  # 4 micro-batches
+    # Last stage (1 in flight, 4 micro-batches): the next forward brings the activations back beside them.
+    assert pipelined_grads(plan, unsharded=10.0, act=3.0, act_one=3.0) == 10.0
+    # First stage (4 in flight = all micro-batches): they replace the micro-batch the first backward frees.
+    assert pipelined_grads(plan, unsharded=10.0, act=12.0, act_one=3.0) == 7.0
+    gpipe = dataclasses.replace(plan, schedule="gpipe")
+    assert pipelined_grads(gpipe, unsharded=2.0, act=12.0, act_one=3.0) == 0.0
+
+
+def test_logits_and_the_recomputed_layer_do_not_add():
+    m = catalog.model("llama3.1-8b")
+    plan = Plan(global_batch=8, seq_len=8192, dp=8, zero=3, recompute="full", fused_kernels=False)
+    load = RankLoad(dense=1e9, expert=0.0, act=2e9, act_one=2e9, recompute=1e9, root=0.5e9, n_units=32,
+                    first=True, last=True)
+    mem = rank_memory(m, plan, load, generation="hopper")
+    # The loss backward (12 B per logit) ends before the last layer is recomputed: the larger one counts.
+    assert mem.activations + mem.buffers == pytest.approx(2e9 + logits_bytes(m, plan))
+    assert mem.grads == 0.0  # FSDP2 has no gradients at the loss backward

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from meshplan.cost.calib import calibration_for
 from meshplan.cost.comm import collective_time, plan_links
 from meshplan.cost.dp import DPCost, cross_pool_reduce, dp_cost, optimizer_time
-from meshplan.cost.memory import bytes_per_param, layer_recompute_mode, logits_bytes, reserved_bytes
+from meshplan.cost.memory import RankLoad, bytes_per_param, layer_recompute_mode, rank_memory
 from meshplan.cost.ops import layer_ops
 from meshplan.cost.pipeline import closed_form, inflight_microbatches, rank_stages, stage_rank
 from meshplan.cost.result import Estimate, MemoryBreakdown, StageTimes, TimeBreakdown
@@ -126,33 +126,6 @@ def _stage_times(model: ModelSpec, plan: Plan, costs: list[list[LayerCost]], ctx
                       act_bytes=tuple(act))
 
 
-def _rank_memory(plan: Plan, *, dense: float, expert: float, act: float, extra_act: float, buffers: float,
-                 generation: str, act_one: float = 0.0) -> MemoryBreakdown:
-    """Peak memory of one pipeline rank from its parameters and activations (bytes); ``act_one`` is one
-    micro-batch's activations on the rank."""
-    w, g, o = bytes_per_param(plan)
-    shard = plan.zero_group
-    edp = max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1)
-    # Experts shard over the expert-data-parallel ranks, in the same proportion as dense parameters (HSDP).
-    eshard = max(1, edp * plan.shard_group // plan.dp) if plan.zero else 1
-
-    def sharded(b: float, stage: int) -> float:
-        return dense * b / (shard if plan.zero >= stage else 1) + expert * b / (eshard if plan.zero >= stage else 1)
-    params, grads = sharded(w, 3), sharded(g, 2)
-    if plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1:
-        # Under a pipeline, FSDP keeps an unsharded 16-bit copy across micro-batches (torchtitan's PP reshard
-        # policy) and accumulates unsharded fp32 gradients over the no-sync micro-batches; they appear at the
-        # first backward, which frees one micro-batch's activations first (memcheck, Llama-3.1-8B pp 4).
-        params += (dense + expert) * 2.0
-        grads += max((dense + expert) * 4.0 - act_one, 0.0)
-    elif plan.zero == 3 and plan.n_micro == 1:
-        # FSDP2 frees gradients between steps (zero_grad to None), so at the peak -- the start of the backward --
-        # none exist yet; they only matter if they outgrow the activations they replace.
-        grads = max(grads - act, 0.0)
-    return MemoryBreakdown(params=params, grads=grads, optimizer=sharded(o, 1),
-                           activations=act + extra_act, buffers=buffers, reserved=reserved_bytes(generation))
-
-
 def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCost]], times: StageTimes,
                stages: list, ctx: Ctx) -> RankCost:
     """Aggregate the chunks of pipeline rank ``r``."""
@@ -168,15 +141,9 @@ def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCo
     inflight = inflight_microbatches(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro, rank=r)
     act = inflight * sum(times.act_bytes[v] for v in idx)
     extra = max((c.full_act_bytes - c.act_bytes for c in rows), default=0.0)
-    buffers = logits_bytes(model, plan) if last else 0.0
-    if plan.zero == 3 and rows:
-        # Two unsharded 16-bit units in flight (current + prefetched) and one unit's fp32 gradients; the root
-        # module (embedding, head) is never resharded after forward (FSDP2; memcheck: 2.10 GB for 8B).
-        root = root_params(model, plan, first, last)
-        unit = max(dense + expert - root, 0.0) / len(rows)
-        buffers += unit * (2 * 2.0 + 4.0) + 2.0 * root
-    mem = _rank_memory(plan, dense=dense, expert=expert, act=act, extra_act=extra, buffers=buffers,
-                       generation=ctx.gpu.generation, act_one=sum(times.act_bytes[v] for v in idx))
+    load = RankLoad(dense=dense, expert=expert, act=act, act_one=sum(times.act_bytes[v] for v in idx), recompute=extra,
+                    root=root_params(model, plan, first, last), n_units=len(rows), first=first, last=last)
+    mem = rank_memory(model, plan, load, generation=ctx.gpu.generation)
     # Sharded (ZeRO/FSDP2) and tensor-parallel parameters are DTensors: their optimizer ops pay dispatch too.
     host = ctx.calib.op_overhead_s + (ctx.calib.dtensor_overhead_s if (plan.zero or plan.tp > 1) else 0.0)
     opt = optimizer_time(dense, expert, plan=plan, hbm_bandwidth=ctx.gpu.hbm_bandwidth, mem_eff=ctx.calib.mem_eff,

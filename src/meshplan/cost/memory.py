@@ -4,8 +4,10 @@ MoE), the schedule's in-flight micro-batches, logits, FSDP unsharded units and t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
+from meshplan.cost.result import MemoryBreakdown
 from meshplan.spec.model import LayerSpec, ModelSpec
 from meshplan.spec.plan import Plan
 
@@ -144,7 +146,24 @@ def eager_extra_bytes(layer: LayerSpec, plan: Plan) -> float:
         extra += 2.0 * (att.n_heads - att.n_kv_heads) * att.qk_dim / tp + 8.0 * att.qk_dim
     if layer.gated and layer.moe is None:
         extra += 2.0 * layer.ffn_hidden / tp
+    if layer.moe is not None:
+        extra += moe_eager_extra_bytes(layer, plan)
     return extra
+
+
+def moe_eager_extra_bytes(layer: LayerSpec, plan: Plan) -> float:
+    """What the eager MoE keeps per token beyond the fused model's dispatched inputs, fc1/activation outputs
+    and combine inputs (memcheck, Qwen3-30B-A3B ep 8: 230,500 B/token per layer): autograd's ``index_copy``
+    and ``index_add`` save their source for ``expand_as`` in backward (derivatives.yaml), which keeps the
+    experts' un-permuted outputs and the weighted combine (2 h each per routed copy); SiLU's output beside the
+    product (gated experts, 2 f per copy); and the router's fp32 softmax over all experts (4 E)."""
+    moe = layer.moe
+    k_per_rank = moe.top_k / plan.tp
+    f = moe.expert_ffn_hidden
+    extra = k_per_rank * (2 * 2.0 * layer.hidden + (2.0 * f if layer.gated else 0.0))
+    if layer.gated and moe.n_shared_experts:
+        extra += 2.0 * moe.shared_width * moe.n_shared_experts / plan.tp
+    return extra + 4.0 * moe.n_experts / plan.tp
 
 
 def layer_recompute_mode(plan: Plan, index_on_rank: int) -> str:
@@ -156,14 +175,121 @@ def layer_recompute_mode(plan: Plan, index_on_rank: int) -> str:
 
 
 def logits_bytes(model: ModelSpec, plan: Plan) -> float:
-    """Transient output-layer memory on the last stage for one micro-batch: 16-bit logits plus the fp32
-    softmax that vocab-parallel cross-entropy keeps for backward (6 bytes per logit); eager PyTorch also holds
-    the fp32 gradient of the log-softmax at the start of backward (10 bytes, measured by memcheck)."""
+    """Output-layer memory on the last stage for one micro-batch at its loss backward. Megatron's fused
+    vocab-parallel cross-entropy: 16-bit logits plus the fp32 softmax it keeps (6 bytes per logit). Eager
+    ``F.cross_entropy`` on fp32 logits: the saved log-softmax, ``nll_loss_backward``'s gradient and
+    ``_log_softmax_backward_data``'s output at once (12 bytes, memcheck). Under tensor parallelism torch's
+    ``loss_parallel`` backward computes ``(zeros_like(x) + exp(x)) * grad`` beside the saved log-softmax:
+    three fp32 temporaries, 16 bytes (torch.distributed.tensor.parallel.loss, memcheck tp 8)."""
     tokens = plan.micro_batch * plan.seq_len / plan.cp
-    return tokens * model.vocab / plan.tp * (6.0 if plan.fused_kernels else 10.0)
+    per_logit = 6.0 if plan.fused_kernels else (16.0 if plan.tp > 1 else 12.0)
+    return tokens * model.vocab / plan.tp * per_logit
+
+
+def embedding_grad_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Gradient bytes of the input embedding beyond a vocabulary-sharded one while gradients accumulate over
+    micro-batches. Eager DTensor has no row-sharded strategy for the embedding backward, so the vocab-parallel
+    (RowwiseParallel) embedding's weight gradient comes back replicated over tp, and FSDP2's fp32 reduce dtype
+    keeps it whole in fp32 until the last micro-batch reduces it: 4 V h (1 - 1/tp) more (memcheck, Llama-3.1-8B
+    tp 8: 1.71 GiB). Megatron's VocabParallelEmbedding keeps its gradient sharded."""
+    if plan.fused_kernels or plan.tp == 1 or plan.n_micro == 1:
+        return 0.0
+    return 4.0 * model.vocab * model.hidden * (1 - 1 / plan.tp)
 
 
 def reserved_bytes(generation: str) -> float:
     """CUDA context, cuBLAS workspace and NCCL buffers (measured ~0.5 GiB context + ~0.5 GiB NCCL/cuBLAS on
     H100 with PyTorch 2.x); a CPU process reserves little."""
     return 0.1 * GiB if generation == "cpu" else 1.0 * GiB
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankLoad:
+    """What one pipeline rank holds, the inputs of its peak memory (``rank_memory``)."""
+
+    dense: float
+    """Dense parameters on the rank, tensor-parallel shard (count)."""
+    expert: float
+    """Expert parameters on the rank, expert-parallel shard (count)."""
+    act: float
+    """Activations saved by the schedule's in-flight micro-batches (bytes)."""
+    act_one: float
+    """Activations one micro-batch saves on the rank (bytes)."""
+    recompute: float
+    """What recomputing one layer in backward rebuilds beyond what it saved (bytes)."""
+    root: float
+    """Embedding and output-head parameters on the rank, FSDP's root unit (count)."""
+    n_units: int
+    """Layers on the rank, FSDP's units (count)."""
+    first: bool
+    """The rank holds the input embedding."""
+    last: bool
+    """The rank holds the output head and the loss."""
+
+
+def rank_memory(model: ModelSpec, plan: Plan, load: RankLoad, *, generation: str) -> MemoryBreakdown:
+    """Peak memory of one pipeline rank: weights, gradients and optimizer states after ZeRO sharding, the saved
+    activations, and the larger of two transients that never meet: the logits at the loss backward, and the
+    recomputed layer with FSDP's gathered units (and FSDP2's gradients where they outgrow the freed activations)
+    during the layers' backward; the output layer consumes the loss gradient before the first layer's backward
+    starts (memcheck, Llama-3.1-8B full recompute: 25.1 GiB, not the 26.7 a sum of both gives)."""
+    w, g, o = bytes_per_param(plan)
+    shard = plan.zero_group
+    edp = max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1)
+    # Experts shard over the expert-data-parallel ranks, in the same proportion as dense parameters (HSDP).
+    eshard = max(1, edp * plan.shard_group // plan.dp) if plan.zero else 1
+
+    def sharded(b: float, stage: int) -> float:
+        on = plan.zero >= stage
+        return load.dense * b / (shard if on else 1) + load.expert * b / (eshard if on else 1)
+    params, grads = sharded(w, 3), sharded(g, 2)
+    held = plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1
+    if held:
+        # Under a pipeline, FSDP keeps an unsharded 16-bit copy across micro-batches (torchtitan's PP reshard
+        # policy).
+        params += (load.dense + load.expert) * 2.0
+    # FSDP2 frees gradients between steps (zero_grad to None); the eager runtime is FSDP2 at every zero level,
+    # Megatron keeps its gradient buffers. Over no-sync micro-batches (a pipeline's, or the eager runtime's
+    # accumulation) FSDP2 accumulates unsharded fp32 gradients and reduces them after the last backward.
+    fsdp2, late = plan.zero == 3 or not plan.fused_kernels, 0.0
+    if fsdp2 and plan.n_micro > 1 and (held or not plan.fused_kernels):
+        grads = pipelined_grads(plan, unsharded=(load.dense + load.expert) * 4.0, act=load.act, act_one=load.act_one)
+    elif fsdp2 and plan.n_micro == 1:
+        # None exist at the loss backward; during the layers' backward they only matter if they outgrow the
+        # activations they replace.
+        late, grads = max(grads - load.act, 0.0), 0.0
+    if not plan.fused_kernels and plan.precision in ("bf16", "fp16") and load.act_one:
+        # Eager experts stay out of FSDP's mixed precision: each forward casts them to 16 bits and saves the copy
+        # for its backward, one copy per in-flight micro-batch (runtime moe._experts; memcheck).
+        params += 2.0 * load.expert * load.act / load.act_one
+    grads += embedding_grad_bytes(model, plan) if load.first else 0.0
+    units = 0.0 if held else fsdp_unit_bytes(plan, load)
+    logits = logits_bytes(model, plan) if load.last else 0.0
+    if logits < load.recompute + units + late:
+        grads, buffers = grads + late, units
+    else:
+        buffers = logits - load.recompute
+    return MemoryBreakdown(params=params, grads=grads, optimizer=sharded(o, 1), activations=load.act + load.recompute,
+                           buffers=buffers, reserved=reserved_bytes(generation))
+
+
+def pipelined_grads(plan: Plan, *, unsharded: float, act: float, act_one: float) -> float:
+    """Gradient bytes at the peak of a pipeline rank whose FSDP2 units accumulate unsharded fp32 gradients over
+    no-sync micro-batches. They appear at the rank's first backward, which frees one micro-batch first; when the
+    schedule then runs another forward before the next backward (1F1B with more micro-batches than the rank
+    holds in flight, always so on the last stage), the activations return to their peak beside them (memcheck,
+    Llama-3.1-8B pp 4 last stage); GPipe runs no forward after its first backward."""
+    inflight = act / act_one if act_one else 1.0
+    if plan.schedule_name != "gpipe" and plan.n_micro > inflight:
+        return unsharded
+    return max(unsharded - act_one, 0.0)
+
+
+def fsdp_unit_bytes(plan: Plan, load: RankLoad) -> float:
+    """FSDP2 (zero 3) memory during a layer's backward: the unit computed and the one prefetched (16-bit each),
+    the unit's fp32 gradients before reduce-scatter, and the root (embedding, head), gathered in 16 bits from
+    the output layer's backward to the end (FSDP2; memcheck: 2.10 GB for 8B)."""
+    if plan.zero != 3 or not load.n_units:
+        return 0.0
+    unit = max(load.dense + load.expert - load.root, 0.0) / load.n_units
+    return unit * (2 * 2.0 + 4.0) + 2.0 * load.root
