@@ -167,11 +167,13 @@ def test_moe_eager_extra_bytes_by_hand():
 def test_pipelined_gradients_beside_the_peak_activations():
     plan = Plan(global_batch=8, seq_len=4096, pp=4, dp=2, zero=3, schedule="1f1b")  # 4 micro-batches
     # Last stage (1 in flight, 4 micro-batches): the next forward brings the activations back beside them.
-    assert pipelined_grads(plan, unsharded=10.0, act=3.0, act_one=3.0) == 10.0
+    assert pipelined_grads(plan, unsharded=10.0, act=3.0, act_one=3.0) == (10.0, 0.0)
     # First stage (4 in flight = all micro-batches): they replace the micro-batch the first backward frees.
-    assert pipelined_grads(plan, unsharded=10.0, act=12.0, act_one=3.0) == 7.0
+    assert pipelined_grads(plan, unsharded=10.0, act=12.0, act_one=3.0) == (0.0, 7.0)
+    # ... and beside them at its end, the 16-bit gradient of the unit FSDP2 casts into fp32.
+    assert pipelined_grads(plan, unsharded=10.0, act=12.0, act_one=3.0, upcast=1.0) == (0.0, 8.0)
     gpipe = dataclasses.replace(plan, schedule="gpipe")
-    assert pipelined_grads(gpipe, unsharded=2.0, act=12.0, act_one=3.0) == 0.0
+    assert pipelined_grads(gpipe, unsharded=2.0, act=12.0, act_one=3.0) == (0.0, 0.0)
 
 
 def test_logits_and_the_recomputed_layer_do_not_add():

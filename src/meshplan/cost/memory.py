@@ -253,7 +253,9 @@ def rank_memory(model: ModelSpec, plan: Plan, load: RankLoad, *, generation: str
     # accumulation) FSDP2 accumulates unsharded fp32 gradients and reduces them after the last backward.
     fsdp2, late = plan.zero == 3 or not plan.fused_kernels, 0.0
     if fsdp2 and plan.n_micro > 1 and (held or not plan.fused_kernels):
-        grads = pipelined_grads(plan, unsharded=(load.dense + load.expert) * 4.0, act=load.act, act_one=load.act_one)
+        grads, late = pipelined_grads(plan, unsharded=(load.dense + load.expert) * 4.0, act=load.act,
+                                      act_one=load.act_one,
+                                      upcast=0.0 if plan.fused_kernels else 2.0 * largest_unit(model, plan, load))
     elif fsdp2 and plan.n_micro == 1:
         # None exist at the loss backward; during the layers' backward they only matter if they outgrow the
         # activations they replace.
@@ -273,16 +275,25 @@ def rank_memory(model: ModelSpec, plan: Plan, load: RankLoad, *, generation: str
                            buffers=buffers, reserved=reserved_bytes(generation))
 
 
-def pipelined_grads(plan: Plan, *, unsharded: float, act: float, act_one: float) -> float:
-    """Gradient bytes at the peak of a pipeline rank whose FSDP2 units accumulate unsharded fp32 gradients over
-    no-sync micro-batches. They appear at the rank's first backward, which frees one micro-batch first; when the
-    schedule then runs another forward before the next backward (1F1B with more micro-batches than the rank
-    holds in flight, always so on the last stage), the activations return to their peak beside them (memcheck,
-    Llama-3.1-8B pp 4 last stage); GPipe runs no forward after its first backward."""
+def pipelined_grads(plan: Plan, *, unsharded: float, act: float, act_one: float,
+                    upcast: float = 0.0) -> tuple[float, float]:
+    """(beside the peak activations, beyond them at a backward's end) gradient bytes of a rank whose FSDP2 units
+    accumulate unsharded fp32 gradients over no-sync micro-batches. They appear at the rank's first backward,
+    which frees one micro-batch first, with ``upcast`` bytes beside them at its end (FSDP2's post-backward keeps
+    a unit's 16-bit gradient while it is cast or added into fp32). When the schedule then runs another forward
+    before the next backward (1F1B with more micro-batches than the rank holds in flight, always so on the last
+    stage), the activations return to their peak beside them (memcheck, Llama-3.1-8B pp 4); GPipe runs no
+    forward after its first backward."""
     inflight = act / act_one if act_one else 1.0
-    if plan.schedule_name != "gpipe" and plan.n_micro > inflight:
-        return unsharded
-    return max(unsharded - act_one, 0.0)
+    steady = unsharded if plan.schedule_name != "gpipe" and plan.n_micro > inflight else 0.0
+    return steady, max(unsharded - act_one + upcast - steady, 0.0)
+
+
+def largest_unit(model: ModelSpec, plan: Plan, load: RankLoad) -> float:
+    """Parameters of the rank's largest FSDP unit's gradient: a layer, or the root (embedding and head), whose
+    embedding gradient is whole over tp in eager DTensor (``embedding_grad_bytes``) (count)."""
+    layer = (load.dense + load.expert - load.root) / max(load.n_units, 1)
+    return max(layer, load.root + (embedding_grad_bytes(model, plan) / 4.0 if load.first else 0.0))
 
 
 def fsdp_unit_bytes(plan: Plan, load: RankLoad) -> float:
