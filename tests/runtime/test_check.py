@@ -41,6 +41,51 @@ def test_two_process_space_covers_every_kind():
         assert kind in labels
 
 
+def test_one_device_world_crosses_recompute_with_micro_batches():
+    # One GPU: a single layout, so the plans are recompute modes x micro-batches, in bf16 (what the GPU runtime
+    # computes in); the covering subset keeps every recompute mode at the largest micro-batch and every
+    # micro-batch without recompute.
+    from meshplan.cli.check import check_space
+
+    space = check_space(world=1, global_batch=8, seq_len=2048, device="cuda", micro_batches="2,4,8")
+    plans = enumerate_plans(catalog.model("llama3.2-1b"), space)
+    assert [plan_label(p) for p in plans] == [
+        "mb2", "mb2 rc=selective", "mb2 rc=full", "mb4", "mb4 rc=selective", "mb4 rc=full", "mb8",
+        "mb8 rc=selective", "mb8 rc=full"]
+    assert {p.precision for p in plans} == {"bf16"}
+    assert [plan_label(p) for p in covering(plans)] == ["mb2", "mb4", "mb8", "mb8 rc=selective", "mb8 rc=full"]
+
+
+def test_check_space_rejects_bad_flags():
+    from meshplan.cli.check import check_space
+    from meshplan.errors import SpecError
+
+    with pytest.raises(SpecError, match="--device"):
+        check_space(world=1, global_batch=8, seq_len=64, device="tpu", micro_batches="")
+    with pytest.raises(SpecError, match="--micro-batches"):
+        check_space(world=1, global_batch=8, seq_len=64, device="cpu", micro_batches="2,x")
+    with pytest.raises(SpecError, match=">= 1"):
+        check_space(world=1, global_batch=8, seq_len=64, device="cpu", micro_batches="0")
+
+
+def test_memory_columns_by_hand():
+    from meshplan.cli.check import add_memory
+
+    result = {"plans": [{"plan": "a"}, {"plan": "b"}]}
+    add_memory(result, [110.0, 90.0], [100.0, 100.0])
+    assert [r["memory_error_pct"] for r in result["plans"]] == pytest.approx([10.0, -10.0])
+    assert result["memory_mape_pct"] == pytest.approx(10.0) and result["memory_worst_pct"] == pytest.approx(10.0)
+    cpu = {"plans": [{"plan": "a"}]}
+    add_memory(cpu, [1.0], None)  # a CPU run measures no device peak
+    assert cpu["memory_mape_pct"] is None and cpu["plans"][0]["measured_peak_bytes"] is None
+
+
+def test_gpu_check_needs_a_gpu_profile():
+    proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "check", "--device", "cuda", "--nproc", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--hardware" in proc.stderr and "Traceback" not in proc.stderr
+
+
 @pytest.fixture(scope="module")
 def closed_loop(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("check")

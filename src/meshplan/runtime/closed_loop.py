@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
@@ -107,14 +108,15 @@ def _pipeline_problems(plan: Plan) -> list[str]:
 
 def covering(plans: list[Plan]) -> list[Plan]:
     """A small subset that still covers every kind: each layout at its largest micro-batch without recompute,
-    every recompute mode and the smaller micro-batch on the first FSDP and the first TP layout."""
+    every recompute mode and the smaller micro-batch on the first FSDP and the first TP layout (on the only
+    layout of a one-device world)."""
     def layout_key(p: Plan) -> tuple:
         return (p.tp, p.pp, p.dp, p.zero, p.sp, p.schedule, p.vpp)
 
     biggest: dict[tuple, int] = {}
     for p in plans:
         biggest[layout_key(p)] = max(biggest.get(layout_key(p), 0), p.micro_batch)
-    varied = [k for k in biggest if (k[3] == 3 and k[0] == 1) or (k[0] > 1 and k[4])][:2]
+    varied = [k for k in biggest if (k[3] == 3 and k[0] == 1) or (k[0] > 1 and k[4])][:2] or list(biggest)[:1]
     out = []
     for p in plans:
         base = p.micro_batch == biggest[layout_key(p)] and p.recompute == "none"
@@ -185,55 +187,109 @@ def _median(xs: list[float]) -> float:
     return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
 
 
-def time_plans(cfgs: list, *, warmup: int, rounds: int) -> tuple[list[list[float]], list[list[float]]]:
-    """Build every config's trainer under the running process group, then ``warmup + rounds`` rounds of one
-    step per plan; returns each plan's measured wall and CPU step times (s, slowest rank)."""
+def time_plans(cfgs: list, *, warmup: int, rounds: int, device=None) -> dict:
+    """Time every config under the running process group: ``{"times", "cpu_times", "peak_bytes"}``, each plan's
+    measured wall and CPU step times (s, slowest rank) and, on a GPU, its peak allocated bytes (max over ranks).
+
+    On a CPU all trainers are built first and run in interleaved rounds (one step of each plan per round), so a
+    shared machine's slow phases spread over every plan. On a GPU the device is dedicated and memory is the
+    limit, so plans run one after another, each alone on the device: built, warmed up, timed, freed; its peak is
+    then its own (``torch.cuda.max_memory_allocated`` after a reset)."""
     import torch
-    import torch.distributed as dist
 
-    from meshplan import catalog
-    from meshplan.runtime.build import build_trainer
-    from meshplan.runtime.mesh import build_meshes
-    from meshplan.runtime.train import train_step
-
-    device = torch.device("cpu")
-    trainers = [build_trainer(c, catalog.model(c.model), build_meshes(c.plan, device.type), device) for c in cfgs]
+    device = device or torch.device("cpu")
+    if device.type == "cuda":
+        return _time_sequential(cfgs, warmup=warmup, rounds=rounds, device=device)
+    trainers = [_build(c, device) for c in cfgs]
     times: list[list[float]] = [[] for _ in cfgs]
     cpu: list[list[float]] = [[] for _ in cfgs]
     for r in range(warmup + rounds):
         for i, t in enumerate(trainers):
-            dist.barrier()
-            row = train_step(t, r + 1)
-            dt = torch.tensor([row["step_time_s"], row["cpu_time_s"]])
-            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            wall, cpu_s = _one_step(t, r + 1)
             if r >= warmup:
-                times[i].append(float(dt[0]))
-                cpu[i].append(float(dt[1]))
-    return times, cpu
+                times[i].append(wall)
+                cpu[i].append(cpu_s)
+    return {"times": times, "cpu_times": cpu, "peak_bytes": [None] * len(cfgs)}
+
+
+def _build(cfg, device):
+    from meshplan import catalog
+    from meshplan.runtime.build import build_trainer
+    from meshplan.runtime.mesh import build_meshes
+
+    return build_trainer(cfg, catalog.model(cfg.model), build_meshes(cfg.plan, device.type), device)
+
+
+def _one_step(trainer, step: int) -> tuple[float, float]:
+    """(wall s, CPU s) of one training step, the slowest rank's."""
+    import torch
+    import torch.distributed as dist
+
+    from meshplan.runtime.train import train_step
+
+    dist.barrier()
+    row = train_step(trainer, step)
+    dt = torch.tensor([row["step_time_s"], row["cpu_time_s"]], device=trainer.device)
+    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+    return float(dt[0]), float(dt[1])
+
+
+def _time_sequential(cfgs: list, *, warmup: int, rounds: int, device) -> dict:
+    """One plan at a time on a dedicated device; the peak is the plan's own."""
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
+    times, cpu, peaks = [], [], []
+    for i, cfg in enumerate(cfgs):
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        trainer = _build(cfg, device)
+        built = time.perf_counter() - start
+        rows = [_one_step(trainer, s + 1) for s in range(warmup + rounds)][warmup:]
+        peak = torch.tensor([float(torch.cuda.max_memory_allocated(device))], device=device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        times.append([w for w, _ in rows])
+        cpu.append([c for _, c in rows])
+        peaks.append(float(peak))
+        del trainer
+        if dist.get_rank() == 0:  # progress: a long GPU check shows where it is
+            print(f"[check] {i + 1}/{len(cfgs)} {plan_label(cfg.plan)}: built in {built:.1f} s, steps "
+                  f"{', '.join(f'{w:.3f}' for w, _ in rows)} s (cpu {min(c for _, c in rows):.3f}), peak "
+                  f"{float(peak) / 2**30:.2f} GiB", file=sys.stderr, flush=True)
+    return {"times": times, "cpu_times": cpu, "peak_bytes": peaks}
 
 
 def main(argv: list[str]) -> int:
-    """``closed_loop CONFIGS.json OUT.json WARMUP ROUNDS``: time every config; rank 0 writes the step times."""
+    """``closed_loop CONFIGS.json OUT.json WARMUP ROUNDS [cuda]``: time every config (on this rank's GPU when
+    ``cuda`` is given, else the CPU); rank 0 writes the step times and peaks."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
     from meshplan.runtime.launch import validate
+    from meshplan.runtime.mesh import device_for
     from meshplan.runtime.worker import read_configs
 
     cfgs = read_configs(argv[0])
     warmup, rounds = int(argv[2]), int(argv[3])
+    device = device_for(int(os.environ.get("LOCAL_RANK", "0"))) if argv[4:] == ["cuda"] else None
     world = int(os.environ.get("WORLD_SIZE", "1"))
     for c in cfgs:
         validate(c, world)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=min(c.timeout_s for c in cfgs)))
+    backend = "cpu:gloo,cuda:nccl" if device is not None and device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=min(c.timeout_s for c in cfgs)))
     try:
-        times, cpu = time_plans(cfgs, warmup=warmup, rounds=rounds)
+        out = time_plans(cfgs, warmup=warmup, rounds=rounds, device=device)
         dist.barrier()
     finally:
         dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:
-        Path(argv[1]).write_text(json.dumps({"times": times, "cpu_times": cpu, "median_s": [_median(t) for t in times],
+        times, cpu = out["times"], out["cpu_times"]
+        Path(argv[1]).write_text(json.dumps({**out, "median_s": [_median(t) for t in times],
                                              "min_s": [min(t) for t in times],
                                              "cpu_median_s": [_median(t) for t in cpu]}))
     return 0
