@@ -83,6 +83,48 @@ def collective_rows(bench: dict) -> list[tuple[str, int, float, float]]:
     return out
 
 
+LAUNCH_BOUND = 10.0
+"""A GPU GEMM timed within this many launch latencies (``op_overhead_s``: one tiny op plus its synchronisation)
+measures the launch, not the matrix units: such rows are left out of the curve fit on a GPU."""
+
+
+def gemm_rows(bench: dict) -> list[list[float]]:
+    """The GEMM rows the curve is fitted on: all of them on a CPU, those well above launch latency on a GPU."""
+    rows = bench["gemm"]
+    if bench.get("device") != "cuda":
+        return rows
+    kept = [r for r in rows if r[3] >= LAUNCH_BOUND * float(bench["op_overhead_s"])]
+    return kept if len(kept) >= 3 else rows
+
+
+def fit_host_op(step: dict, gpu: GPUSpec) -> float:
+    """``host_op_s`` at which the cost model's step time of the measured tiny training step equals the
+    measurement (``runtime.bench.bench_host_step``: a model so small the device idles, so the step is the host
+    issuing its ops). Step time never falls as host_op_s grows, so bisection finds it; 0 when the model already
+    predicts the measured time without any host term."""
+    from meshplan import catalog
+    from meshplan.cost.estimate import estimate
+    from meshplan.spec.cluster import ClusterSpec, Pool
+    from meshplan.spec.io import plan_from_dict
+
+    model, plan, measured = catalog.model(step["model"]), plan_from_dict(step["plan"]), float(step["s"])
+    base = dict(gpu.calibration)
+
+    def predicted(h: float) -> float:
+        g = replace(gpu, calibration=tuple(sorted({**base, "host_op_s": h}.items())))
+        return estimate(model, ClusterSpec(pools=(Pool(gpu=g, n_gpus=1, gpus_per_node=1),)), plan).step_time
+
+    if predicted(0.0) >= measured:
+        return 0.0
+    lo, hi = 0.0, 1e-4
+    while predicted(hi) < measured and hi < 1.0:
+        lo, hi = hi, 2 * hi
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if predicted(mid) < measured else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 def fit_profile(bench: dict, *, base: GPUSpec, name: str) -> GPUSpec:
     """The base profile with measured peaks, bandwidths, latency and calibration constants.
 
@@ -92,7 +134,7 @@ def fit_profile(bench: dict, *, base: GPUSpec, name: str) -> GPUSpec:
         name: name of the new profile.
     """
     dtype = bench["dtype"]
-    rate, n_half = fit_gemm_curve(bench["gemm"])
+    rate, n_half = fit_gemm_curve(gemm_rows(bench))
     datasheet = base.generation != "cpu" and base.peak_flops(dtype) > 0
     peak = base.peak_flops(dtype) if datasheet else rate
     att = bench["attention"]
@@ -124,7 +166,11 @@ def fit_profile(bench: dict, *, base: GPUSpec, name: str) -> GPUSpec:
             calib["intra_eff"] = 1.0
         changes["nvlink_domain"] = max(base.nvlink_domain, bench["world"])
     changes["calibration"] = tuple(sorted((k, _round(v)) for k, v in calib.items()))
-    return replace(base, **changes)
+    gpu = replace(base, **changes)
+    if datasheet and bench.get("host_step"):
+        calib["host_op_s"] = fit_host_op(bench["host_step"], gpu)
+        gpu = replace(gpu, calibration=tuple(sorted((k, _round(v)) for k, v in calib.items())))
+    return gpu
 
 
 def _round(x: float) -> float:

@@ -46,6 +46,12 @@ class Calibration:
     op_overhead_s: float = 0.0
     """Host time per eager op that does not overlap device work (s): 0 on GPUs, whose launches run ahead
     asynchronously; measured by ``meshplan calibrate`` on CPUs, where dispatch precedes every op."""
+    host_op_s: float = 0.0
+    """Host issue time per op on a GPU (eager dispatch, autograd bookkeeping, launch) (s). It overlaps device
+    work, since launches run ahead asynchronously, so a layer or optimizer step takes the longer of its device
+    time and its ops' host time: small micro-batches of an eager runtime are host-bound. 0 = not modelled
+    (catalog GPUs: the published runs are device-bound); ``meshplan calibrate`` on a GPU measures it from one
+    training step of a tiny model, where the device is idle and the host is the step."""
     dtensor_overhead_s: float = 0.0
     """Extra host time per op on DTensor-sharded (tensor-parallel) layers (s): sharding propagation and
     dispatch; measured by ``meshplan calibrate`` on CPUs."""

@@ -75,8 +75,21 @@ def layer_compute(ops: LayerOps, *, gpu: GPUSpec, calib: Calibration, dtype: str
         gem = ops.attn_flops / (gpu.peak_flops(use) * calib.gemm_eff)
         att = gem + memory_time(ops.score_bytes, gpu=gpu, calib=calib)
         host = ops.n_ops * (calib.op_overhead_s + (calib.dtensor_overhead_s if sharded else 0.0))
-        return fwd + att + ew + host, bi + 2 * att + 2 * ew + 1.5 * host, bw + 0.5 * host
+        return host_bound((fwd + att + ew + host, bi + 2 * att + 2 * ew + 1.5 * host, bw + 0.5 * host),
+                          ops.n_ops, calib)
     att = attention_time(ops.attn_flops, gpu=gpu, calib=calib, dtype=dtype)
     # Host overhead that does not overlap (CPUs): every forward op once, the backward about twice as many.
     host = ops.n_ops * (calib.op_overhead_s + (calib.dtensor_overhead_s if sharded else 0.0))
-    return fwd + att + ew + host, bi + 2.5 * att + 2 * ew + 1.5 * host, bw + 0.5 * host
+    return host_bound((fwd + att + ew + host, bi + 2.5 * att + 2 * ew + 1.5 * host, bw + 0.5 * host),
+                      ops.n_ops, calib)
+
+
+def host_bound(times: tuple[float, float, float], n_ops: int, calib: Calibration) -> tuple[float, float, float]:
+    """(forward, backward-input, backward-weight) no shorter than the host takes to issue their kernels on a GPU
+    (``host_op_s`` per op; the backward issues about twice the forward's ops, split 3:1 like the host term
+    above): asynchronous launches overlap the device, so the slower of the two sets the pace."""
+    if not calib.host_op_s:
+        return times
+    f, bi, bw = times
+    h = n_ops * calib.host_op_s
+    return max(f, h), max(bi, 1.5 * h), max(bw, 0.5 * h)

@@ -126,14 +126,16 @@ ADAM_OPS_PER_TENSOR = 10
 
 
 def optimizer_time(dense: float, expert: float, *, plan: Plan, hbm_bandwidth: float, mem_eff: float,
-                   n_tensors: int = 0, host_s: float = 0.0) -> float:
+                   n_tensors: int = 0, host_s: float = 0.0, host_floor_s: float = 0.0) -> float:
     """Adam step, memory-bound: read fp32 master, m, v and gradient, write master, m, v and the 16-bit weight
     (30 bytes per locally owned parameter; multi-tensor apply), plus ``host_s`` of host overhead per op on
-    ``n_tensors`` parameter tensors where it does not overlap (CPUs)."""
+    ``n_tensors`` parameter tensors where it does not overlap (CPUs); on a GPU no shorter than issuing those
+    ops at ``host_floor_s`` each (launches overlap the device: the slower sets the pace)."""
     shard = plan.zero_group
     eshard = _expert_group(plan) if plan.zero >= 1 else 1
     local = dense / shard + expert / eshard
-    return 30.0 * local / (hbm_bandwidth * mem_eff) + n_tensors * ADAM_OPS_PER_TENSOR * host_s
+    ops = n_tensors * ADAM_OPS_PER_TENSOR
+    return max(30.0 * local / (hbm_bandwidth * mem_eff), ops * host_floor_s) + ops * host_s
 
 
 def cross_pool_reduce(shard_bytes: float, *, pools: int, link: GroupLink, calib: Calibration) -> float:

@@ -147,7 +147,8 @@ def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCo
     # Sharded (ZeRO/FSDP2) and tensor-parallel parameters are DTensors: their optimizer ops pay dispatch too.
     host = ctx.calib.op_overhead_s + (ctx.calib.dtensor_overhead_s if (plan.zero or plan.tp > 1) else 0.0)
     opt = optimizer_time(dense, expert, plan=plan, hbm_bandwidth=ctx.gpu.hbm_bandwidth, mem_eff=ctx.calib.mem_eff,
-                         n_tensors=sum(c.n_params for c in rows) + 2, host_s=host)
+                         n_tensors=sum(c.n_params for c in rows) + 2, host_s=host,
+                         host_floor_s=ctx.calib.host_op_s)
     return RankCost(compute=sum(c.fwd + c.bwd_input + c.bwd_weight for c in rows),
                     recompute=sum(c.recompute for c in rows), tp=sum(c.tp_f + c.tp_b for c in rows),
                     cp=sum(c.cp_f + c.cp_b for c in rows), ep=sum(c.ep_f + c.ep_b for c in rows), dp=dp,

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -38,6 +38,24 @@ class BenchSettings:
     """Buffer size of the copy-bandwidth test (bytes)."""
     collective_bytes: tuple[int, ...] = (4096, 65536, 2**20, 4 * 2**20, 16 * 2**20)
     """Buffer sizes of the collective tests (bytes)."""
+
+
+GPU_SETTINGS = BenchSettings(
+    min_time_s=0.05,
+    gemm_sizes=((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
+                (8192, 2048, 2048), (8192, 8192, 2048), (8192, 2048, 8192), (4096, 14336, 4096),
+                (4096, 4096, 14336), (16384, 1024, 4096), (2048, 28672, 8192)),
+    attention=(2, 32, 4096, 128),
+    copy_bytes=2**30,
+    collective_bytes=(65536, 2**20, 16 * 2**20, 64 * 2**20, 256 * 2**20))
+"""GPU-sized cases: CPU-sized GEMMs would time launch overhead, not the matrix units. Squares plus the
+projections and MLPs of 1-70B decoders at 2-16k tokens, an 8B-class attention core at 4k, a 1 GiB copy."""
+
+
+def settings_for(device: torch.device, min_time_s: float | None = None) -> BenchSettings:
+    """The benchmark cases for the device kind, with ``min_time_s`` if given."""
+    base = GPU_SETTINGS if device.type == "cuda" else BenchSettings()
+    return base if min_time_s is None else replace(base, min_time_s=min_time_s)
 
 
 def _sync(device: torch.device) -> None:
@@ -170,6 +188,36 @@ def bench_sync(*, device: torch.device, work_s: float = 10e-3, pairs: int = 30) 
     return max(sum(kept) / len(kept), 0.0)
 
 
+HOST_STEP = {"model": "small-llama", "plan": {"global_batch": 8, "seq_len": 128, "micro_batch": 1,
+                                               "precision": "bf16", "fused_kernels": False}}
+"""The tiny training step whose time on a GPU is the host's: 8 micro-batches of a 256-wide model."""
+
+
+def bench_host_step(*, device: torch.device, warmup: int = 2, steps: int = 5) -> dict:
+    """Fastest of ``steps`` training steps of the runtime's own trainer on HOST_STEP (one process, after
+    ``warmup``): on a GPU the device idles through it, so ``calibrate.local.fit_host_op`` turns it into the host
+    time per op. Only on a single-rank world (a GPU's host is what is measured)."""
+    from meshplan import catalog
+    from meshplan.runtime.build import build_trainer
+    from meshplan.runtime.config import RunConfig
+    from meshplan.runtime.mesh import build_meshes
+    from meshplan.runtime.train import train_step
+    from meshplan.spec.io import plan_from_dict
+
+    own = not dist.is_initialized()
+    if own:
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        cfg = RunConfig(plan=plan_from_dict(HOST_STEP["plan"]), model=HOST_STEP["model"])
+        trainer = build_trainer(cfg, catalog.model(cfg.model), build_meshes(cfg.plan, device.type), device)
+        times = [train_step(trainer, i + 1)["step_time_s"] for i in range(warmup + steps)][warmup:]
+    finally:
+        if own:
+            dist.destroy_process_group()
+    return {**HOST_STEP, "s": min(times)}
+
+
 def group_sizes(world: int) -> list[int]:
     """Process-group sizes to measure: powers of two from 2 up to the world."""
     out, n = [], 2
@@ -234,6 +282,8 @@ def run_benchmarks(s: BenchSettings, *, device: torch.device) -> dict:
     out["copy"] = bench_copy(s, device=device)
     out["collectives"] = bench_collectives(s, device=device) if world > 1 else {}
     out["sync_s"] = bench_sync(device=device)
+    if device.type == "cuda" and world == 1:
+        out["host_step"] = bench_host_step(device=device)
     return out
 
 
@@ -250,7 +300,7 @@ def main(argv: list[str]) -> int:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     device = device_for(int(os.environ.get("LOCAL_RANK", "0")))
-    settings = BenchSettings(min_time_s=float(argv[1])) if len(argv) > 1 else BenchSettings()
+    settings = settings_for(device, float(argv[1]) if len(argv) > 1 else None)
     if world > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=120))
     try:
