@@ -1,0 +1,57 @@
+"""The cost model against a real GPU: measurements recorded on one H200 by scripts/gpu_closed_loop.sh
+(Llama-3.2-1B, bf16, every recompute mode x micro-batch 2/4/8, each plan alone on the device), re-predicted
+with today's model. CI has no GPU; the measurements are data, the predictions are recomputed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+RESULTS = Path(__file__).parents[2] / "benchmarks" / "results"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_gpu", RESULTS.parent / "bench_gpu_closed_loop.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict:
+    return json.loads((RESULTS / "h200-llama3.2-1b-check.json").read_text())
+
+
+def test_peak_memory_of_every_plan_within_5_percent_of_the_gpu(recorded):
+    # torch.cuda.max_memory_allocated of each plan alone on the device vs the cost model's tensors (the reserve
+    # for context and fragmentation excluded on both sides): the issue's 5 % bound, on real hardware.
+    s = _bench().rescore(recorded, "h200")
+    assert len(s["plans"]) == 9
+    for r in s["plans"]:
+        assert abs(r["memory_error_pct"]) <= 5.0, r
+
+
+def test_calibrated_profile_ranks_the_gpu_plans(recorded):
+    # With the profile `meshplan calibrate` measured on that GPU (host time per op included), the predicted
+    # order of the 9 plans follows the measured one (tau 0.83 when recorded) and the chosen plan is the fastest.
+    s = _bench().rescore(recorded, str(RESULTS / "h200-local.toml"))
+    assert s["kendall_tau"] >= 0.7 and s["regret_pct"] == 0.0
+    assert s["mape_pct"] <= 25.0
+
+
+def test_host_bound_small_micro_batches_are_slower():
+    # The host floor: one step of 8 micro-batches of the 1B model issues ~8x the layer ops of one micro-batch
+    # of 8; with host_op_s from calibrate the first is predicted slower, as measured (0.52 vs 0.34 s at mb2 vs
+    # mb8), while the catalog profile (host not modelled) sees almost no difference.
+    from meshplan.cli.check import predict_all
+    from meshplan.spec.plan import Plan
+
+    plans = [Plan(global_batch=8, seq_len=2048, micro_batch=m, precision="bf16", fused_kernels=False)
+             for m in (1, 8)]
+    (t1, _), (t8, _) = predict_all("llama3.2-1b", str(RESULTS / "h200-local.toml"), plans, 1)
+    (c1, _), (c8, _) = predict_all("llama3.2-1b", "h200", plans, 1)
+    assert t1 > 1.3 * t8
+    assert c1 < 1.1 * c8
