@@ -260,10 +260,7 @@ def rank_memory(model: ModelSpec, plan: Plan, load: RankLoad, *, generation: str
         # None exist at the loss backward; during the layers' backward they only matter if they outgrow the
         # activations they replace.
         late, grads = max(grads - load.act, 0.0), 0.0
-    if not plan.fused_kernels and plan.precision in ("bf16", "fp16") and load.act_one:
-        # Eager experts stay out of FSDP's mixed precision: each forward casts them to 16 bits and saves the copy
-        # for its backward, one copy per in-flight micro-batch (runtime moe._experts; memcheck).
-        params += 2.0 * load.expert * load.act / load.act_one
+    params += saved_expert_copies(plan, load)
     grads += embedding_grad_bytes(model, plan) if load.first else 0.0
     units = 0.0 if held else fsdp_unit_bytes(plan, load)
     logits = logits_bytes(model, plan) if load.last else 0.0
@@ -273,6 +270,18 @@ def rank_memory(model: ModelSpec, plan: Plan, load: RankLoad, *, generation: str
         buffers = logits - load.recompute
     return MemoryBreakdown(params=params, grads=grads, optimizer=sharded(o, 1), activations=load.act + load.recompute,
                            buffers=buffers, reserved=reserved_bytes(generation))
+
+
+def saved_expert_copies(plan: Plan, load: RankLoad) -> float:
+    """Eager experts stay out of FSDP's mixed precision: each layer's forward casts its local experts to 16 bits
+    and saves the copy for its backward, one per in-flight micro-batch, except in fully recomputed layers, which
+    drop it with their other activations (runtime moe._experts; memcheck, Qwen3-30B-A3B ep 8: 6.7 GiB) (bytes)."""
+    if plan.fused_kernels or plan.precision not in ("bf16", "fp16") or not load.act_one or not load.n_units:
+        return 0.0
+    kept = load.n_units
+    if plan.recompute == "full":
+        kept = max(load.n_units - plan.recompute_layers, 0) if plan.recompute_layers else 0
+    return 2.0 * load.expert * kept / load.n_units * load.act / load.act_one
 
 
 def pipelined_grads(plan: Plan, *, unsharded: float, act: float, act_one: float,
