@@ -109,6 +109,8 @@ PEAK_CASES = {
     "tp8-sp": ["--layers", "2", "--tp", "8", "--sp", "--dp", "1"],
     "pp4-1f1b": ["--layers", "4", "--pp", "4", "--dp", "2", "--zero", "3", "--schedule", "1f1b"],
     "moe-ep8": ["--model", "qwen3-30b-a3b", "--layers", "1", "--ep", "8", "--dp", "8", "--zero", "3"],
+    "moe-ep8-full": ["--model", "qwen3-30b-a3b", "--layers", "1", "--ep", "8", "--dp", "8", "--zero", "3",
+                     "--recompute", "full"],
 }
 
 
