@@ -110,18 +110,17 @@ def test_check_runs_every_plan_for_real(closed_loop):
 @pytest.mark.runtime
 @pytest.mark.slow
 def test_check_ranks_plans_better_than_chance(closed_loop):
-    # With the measured host terms (DTensor dispatch, sync per blocking TP/FSDP call), three calibrate + check
-    # runs on the shared 2-core machine gave tau 0.45-0.66, regret 0-20 % (without them: 0.09-0.37); the
-    # bounds leave room for a loaded run.
-    assert closed_loop["kendall_tau"] >= 0.3
-    assert closed_loop["regret_pct"] <= 30.0
+    # With sync_s calibrated from a real TP+SP probe step (2-3 ms per blocking call on 2 shared cores), three
+    # check runs gave median tau 0.79 (spread 0.15), regret 0 %; the bounds leave room for a loaded machine.
+    assert closed_loop["kendall_tau"] >= 0.45
+    assert closed_loop["regret_pct"] <= 25.0
 
 
 @pytest.mark.runtime
 @pytest.mark.slow
-@pytest.mark.xfail(reason="issue 6 target; the calibrated sync per blocking call (0.2-1.4 ms, varies with load) "
-                          "is below what real steps pay (~2.5-3 ms), and the pipeline bubble on 2 cores is "
-                          "cheaper than modelled; best run so far tau 0.66, regret 0 %", strict=False)
+@pytest.mark.xfail(reason="issue 6 target, met by the median of 3 runs (benchmarks/bench_closed_loop.py: tau 0.79, "
+                          "regret 0 %); one run on a shared 2-core machine can fall below it (spread 0.15)",
+                   strict=False)
 def test_check_meets_the_issue_target(closed_loop):
     assert closed_loop["kendall_tau"] >= 0.7
     assert closed_loop["regret_pct"] <= 10.0

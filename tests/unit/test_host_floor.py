@@ -66,3 +66,18 @@ def test_launch_bound_gemms_are_left_out_on_a_gpu():
     gpu = {"device": "cuda", "op_overhead_s": 14e-6, "gemm": rows}
     assert gemm_rows(gpu) == [r for r in rows if r[3] >= LAUNCH_BOUND * 14e-6] == rows[1:]
     assert gemm_rows({**gpu, "device": "cpu"}) == rows
+
+
+def test_fit_sync_inverts_the_model():
+    # The CPU probe: a TP+SP step over 2 processes whose excess over compute is the per-call synchronisation.
+    from meshplan.calibrate.local import fit_sync
+    from meshplan.spec.cluster import ClusterSpec, Pool
+
+    cpu = catalog.gpu("cpu")
+    plan_d = {"global_batch": 4, "seq_len": 192, "micro_batch": 2, "precision": "fp32", "sp": True, "tp": 2}
+    truth = replace(cpu, calibration=(("sync_s", 2.5e-3),))
+    plan = Plan(**plan_d)
+    measured = estimate(catalog.model("probe-llama"), ClusterSpec(pools=(Pool(gpu=truth, n_gpus=2, gpus_per_node=2),)),
+                        plan).step_time
+    step = {"model": "probe-llama", "plan": plan_d, "s": measured}
+    assert fit_sync(step, cpu) == pytest.approx(2.5e-3, rel=1e-3)

@@ -100,8 +100,21 @@ def gemm_rows(bench: dict) -> list[list[float]]:
 def fit_host_op(step: dict, gpu: GPUSpec) -> float:
     """``host_op_s`` at which the cost model's step time of the measured tiny training step equals the
     measurement (``runtime.bench.bench_host_step``: a model so small the device idles, so the step is the host
-    issuing its ops). Step time never falls as host_op_s grows, so bisection finds it; 0 when the model already
-    predicts the measured time without any host term."""
+    issuing its ops); 0 when the model already predicts the measured time without any host term."""
+    return invert_step(step, gpu, "host_op_s", n_gpus=1)
+
+
+def fit_sync(step: dict, gpu: GPUSpec) -> float:
+    """``sync_s`` at which the cost model's time of the measured TP+SP step (``runtime.bench.bench_sync_step``)
+    equals the measurement: the model's own count of blocking calls turns the step's excess into a per-call
+    cost."""
+    return invert_step(step, gpu, "sync_s", n_gpus=int(step["plan"]["tp"]))
+
+
+def invert_step(step: dict, gpu: GPUSpec, field: str, *, n_gpus: int) -> float:
+    """The value of calibration constant ``field`` at which the cost model's step time of ``step`` (model, plan,
+    measured seconds ``s``) on ``n_gpus`` of ``gpu`` equals the measurement. Step time never falls as a
+    host-side cost grows, so bisection finds it; 0 when the model is already as slow as measured."""
     from meshplan import catalog
     from meshplan.cost.estimate import estimate
     from meshplan.spec.cluster import ClusterSpec, Pool
@@ -110,9 +123,10 @@ def fit_host_op(step: dict, gpu: GPUSpec) -> float:
     model, plan, measured = catalog.model(step["model"]), plan_from_dict(step["plan"]), float(step["s"])
     base = dict(gpu.calibration)
 
-    def predicted(h: float) -> float:
-        g = replace(gpu, calibration=tuple(sorted({**base, "host_op_s": h}.items())))
-        return estimate(model, ClusterSpec(pools=(Pool(gpu=g, n_gpus=1, gpus_per_node=1),)), plan).step_time
+    def predicted(x: float) -> float:
+        g = replace(gpu, calibration=tuple(sorted({**base, field: x}.items())))
+        pool = Pool(gpu=g, n_gpus=n_gpus, gpus_per_node=n_gpus)
+        return estimate(model, ClusterSpec(pools=(pool,)), plan).step_time
 
     if predicted(0.0) >= measured:
         return 0.0
@@ -169,8 +183,9 @@ def fit_profile(bench: dict, *, base: GPUSpec, name: str) -> GPUSpec:
     gpu = replace(base, **changes)
     if datasheet and bench.get("host_step"):
         calib["host_op_s"] = fit_host_op(bench["host_step"], gpu)
-        gpu = replace(gpu, calibration=tuple(sorted((k, _round(v)) for k, v in calib.items())))
-    return gpu
+    elif not datasheet and bench.get("sync_step"):
+        calib["sync_s"] = fit_sync(bench["sync_step"], gpu)
+    return replace(gpu, calibration=tuple(sorted((k, _round(v)) for k, v in calib.items())))
 
 
 def _round(x: float) -> float:

@@ -193,10 +193,23 @@ HOST_STEP = {"model": "small-llama", "plan": {"global_batch": 8, "seq_len": 128,
 """The tiny training step whose time on a GPU is the host's: 8 micro-batches of a 256-wide model."""
 
 
-def bench_host_step(*, device: torch.device, warmup: int = 2, steps: int = 5) -> dict:
-    """Fastest of ``steps`` training steps of the runtime's own trainer on HOST_STEP (one process, after
-    ``warmup``): on a GPU the device idles through it, so ``calibrate.local.fit_host_op`` turns it into the host
-    time per op. Only on a single-rank world (a GPU's host is what is measured)."""
+SYNC_STEP = {"model": "probe-llama", "plan": {"global_batch": 4, "seq_len": 192, "micro_batch": 2,
+                                               "precision": "fp32", "sp": True}}
+"""The step that calibrates the synchronisation per blocking collective on CPUs: tensor + sequence parallel over
+the whole world, ~16 blocking collectives per layer and micro-batch (tp = world is filled in)."""
+
+
+def bench_sync_step(*, device: torch.device, warmup: int = 2, steps: int = 5) -> dict:
+    """Fastest of ``steps`` TP+SP training steps of SYNC_STEP under the running process group (world >= 2): on
+    shared CPU cores each blocking collective between compute waits for the peer's threads to be scheduled, a
+    cost the synthetic ``bench_sync`` does not reproduce (0.03-1.4 ms there vs 2-5 ms per call in real steps).
+    ``calibrate.local.fit_sync`` turns it into ``sync_s`` through the cost model's own count of calls."""
+    plan = {**SYNC_STEP["plan"], "tp": dist.get_world_size()}
+    return {**SYNC_STEP, "plan": plan, "s": _min_step(SYNC_STEP["model"], plan, device, warmup, steps)}
+
+
+def _min_step(model: str, plan_dict: dict, device: torch.device, warmup: int, steps: int) -> float:
+    """Fastest of ``steps`` training steps (after ``warmup``) of the runtime's own trainer, slowest rank's."""
     from meshplan import catalog
     from meshplan.runtime.build import build_trainer
     from meshplan.runtime.config import RunConfig
@@ -204,18 +217,30 @@ def bench_host_step(*, device: torch.device, warmup: int = 2, steps: int = 5) ->
     from meshplan.runtime.train import train_step
     from meshplan.spec.io import plan_from_dict
 
+    cfg = RunConfig(plan=plan_from_dict(plan_dict), model=model)
+    trainer = build_trainer(cfg, catalog.model(model), build_meshes(cfg.plan, device.type), device)
+    times = []
+    for i in range(warmup + steps):
+        dist.barrier()
+        t = torch.tensor([train_step(trainer, i + 1)["step_time_s"]])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        times.append(float(t))
+    return min(times[warmup:])
+
+
+def bench_host_step(*, device: torch.device, warmup: int = 2, steps: int = 5) -> dict:
+    """Fastest of ``steps`` training steps of the runtime's own trainer on HOST_STEP (one process, after
+    ``warmup``): on a GPU the device idles through it, so ``calibrate.local.fit_host_op`` turns it into the host
+    time per op. Only on a single-rank world (a GPU's host is what is measured)."""
     own = not dist.is_initialized()
     if own:
         backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
-        cfg = RunConfig(plan=plan_from_dict(HOST_STEP["plan"]), model=HOST_STEP["model"])
-        trainer = build_trainer(cfg, catalog.model(cfg.model), build_meshes(cfg.plan, device.type), device)
-        times = [train_step(trainer, i + 1)["step_time_s"] for i in range(warmup + steps)][warmup:]
+        return {**HOST_STEP, "s": _min_step(HOST_STEP["model"], HOST_STEP["plan"], device, warmup, steps)}
     finally:
         if own:
             dist.destroy_process_group()
-    return {**HOST_STEP, "s": min(times)}
 
 
 def group_sizes(world: int) -> list[int]:
@@ -282,6 +307,8 @@ def run_benchmarks(s: BenchSettings, *, device: torch.device) -> dict:
     out["copy"] = bench_copy(s, device=device)
     out["collectives"] = bench_collectives(s, device=device) if world > 1 else {}
     out["sync_s"] = bench_sync(device=device)
+    if device.type == "cpu" and world > 1:
+        out["sync_step"] = bench_sync_step(device=device)
     if device.type == "cuda" and world == 1:
         out["host_step"] = bench_host_step(device=device)
     return out
