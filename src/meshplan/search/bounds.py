@@ -214,7 +214,7 @@ def _local_params(table: LayerTable, plan: Plan) -> tuple[float, float]:
 
 
 def expert_shard(plan: Plan) -> int:
-    """Ranks that share one expert shard's ZeRO copy (mirrors meshplan.cost.estimate._rank_memory)."""
+    """Ranks that share one expert shard's ZeRO copy (mirrors meshplan.cost.memory.rank_memory)."""
     edp = max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1)
     return max(1, edp * plan.shard_group // plan.dp) if plan.zero else 1
 
@@ -261,7 +261,7 @@ def static_lower_bound(table: LayerTable, plan: Plan) -> float:
 def memory_lower_bound(table: LayerTable, plan: Plan, *, mode: str = "full") -> float:
     """Peak memory bound of the worst rank under recompute ``mode`` for every split (bytes). Static part:
     weights, gradients and optimizer states of the average rank after ZeRO sharding plus the CUDA context
-    (mirrors ``meshplan.cost.estimate._rank_memory``). With activations A (all layers, one micro-batch) and
+    (mirrors ``meshplan.cost.memory.rank_memory``). With activations A (all layers, one micro-batch) and
     in-flight counts i_r, weighting rank r by 1/i_r gives max_r (S_r + i_r A_r) >= (sum S / i_max + A) /
     sum_r 1/i_r."""
     i_max, inv_sum = inflight_stats(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
@@ -295,7 +295,7 @@ def _static_avg(table: LayerTable, plan: Plan) -> float:
         return dense * b / (shard if on else 1) + expert * b / (eshard if on else 1)
 
     # FSDP2 with one micro-batch has no gradients at the peak (the start of the backward) unless they outgrow
-    # the activations (``meshplan.cost.estimate._rank_memory``): count none, the activations cover the rest.
+    # the activations (``meshplan.cost.memory.rank_memory``): count none, the activations cover the rest.
     grads = 0.0 if plan.zero == 3 and plan.n_micro == 1 else sharded(g, 2)
     total = sharded(w, 3) + grads + sharded(o, 1) + table.reserved
     if plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1:
