@@ -185,3 +185,34 @@ def test_logits_and_the_recomputed_layer_do_not_add():
     # The loss backward (12 B per logit) ends before the last layer is recomputed: the larger one counts.
     assert mem.activations + mem.buffers == pytest.approx(2e9 + logits_bytes(m, plan))
     assert mem.grads == 0.0  # FSDP2 has no gradients at the loss backward
+
+
+def test_mla_up_proj_recompute_replays_the_up_projections_and_rope():
+    # Megatron's recompute_modules=["mla_up_proj"] (multi_latent_attention.py, CheckpointWithoutOutput around
+    # qkv_up_proj_and_rope_apply): the backward runs q_up, kv_up and RoPE once more; the core attention is kept.
+    from meshplan.cost.comm import plan_links
+    from meshplan.cost.compute import gemm_time, memory_time
+    from meshplan.cost.ops import Gemm
+    from meshplan.cost.stage import Ctx, layer_cost
+
+    m, gpu = catalog.model("deepseek-v3"), catalog.gpu("b200")
+    pool, cal = Pool(gpu=gpu, n_gpus=8), Calibration()
+    block = m.blocks[-1]
+    att, s = block.layer.attention, 4096
+    cost = {}
+    for rec, policy in (("none", "attention"), ("selective", "mla_up_proj")):
+        plan = Plan(global_batch=8, seq_len=s, dp=8, ep=8, recompute=rec, selective_policy=policy)
+        ctx = Ctx(model=m, plan=plan, gpu=gpu, links=plan_links(plan, pool), calib=cal)
+        cost[rec] = layer_cost(block, ctx, index_on_rank=0)
+    q_up = Gemm(name="q_up", m=s, n=att.n_heads * att.qk_dim, k=att.q_lora_rank)
+    kv_up = Gemm(name="kv_up", m=s, n=att.n_heads * (att.head_dim + att.v_dim), k=att.kv_lora_rank)
+    rope = s * 2 * (att.n_heads + att.n_kv_heads) * att.head_dim * 2.0  # q and k read and written, 2 bytes
+    hand = sum(gemm_time(g, gpu=gpu, calib=cal, dtype="bf16") for g in (q_up, kv_up)) + memory_time(
+        rope, gpu=gpu, calib=cal)
+    assert cost["selective"].recompute == pytest.approx(hand, rel=1e-12)
+    assert cost["selective"].bwd_input - cost["none"].bwd_input == pytest.approx(hand, rel=1e-12)
+    # A GQA layer has no MLA up-projection: the policy recomputes nothing there.
+    llama = catalog.model("llama3-8b")
+    plan = Plan(global_batch=8, seq_len=s, dp=8, recompute="selective", selective_policy="mla_up_proj")
+    ctx = Ctx(model=llama, plan=plan, gpu=gpu, links=plan_links(plan, pool), calib=cal)
+    assert layer_cost(llama.blocks[0], ctx, index_on_rank=0).recompute == 0.0

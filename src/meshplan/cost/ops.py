@@ -131,14 +131,17 @@ def elementwise_bytes(layer: LayerSpec, *, tokens: int, plan: Plan, dtype_bytes:
     else:
         width = layer.ffn_hidden / tp
     act = tokens * width * (3 if layer.gated else 2)  # gated: read gate+up, write; else read, write
-    rope = 0.0
-    if layer.attention is not None:
-        att = layer.attention
-        rope = tokens * 2 * (att.n_heads + att.n_kv_heads) / tp * att.head_dim
+    rope = rope_elements(layer.attention, tokens=tokens, tp=tp) if layer.attention is not None else 0.0
     # Eager PyTorch runs each norm, activation and RoPE as several kernels (RMSNorm ~6 passes instead of 2,
     # SiLU-and-multiply 5 instead of 3, complex RoPE ~4 instead of 2): about 2.5x the fused traffic.
     unfused = 1.0 if plan.fused_kernels else 2.5
     return (hidden_traffic + act + rope) * dtype_bytes * unfused
+
+
+def rope_elements(att: AttentionSpec, *, tokens: int, tp: int) -> float:
+    """Elements RoPE reads and writes in one forward on a tp shard: q and k, read once and written once
+    (a fused rotary kernel, Su et al. 2021 eq. 34 applied in place)."""
+    return tokens * 2 * (att.n_heads + att.n_kv_heads) / tp * att.head_dim
 
 
 def score_traffic(att: AttentionSpec, *, tokens: int, kv_len: int, tp: int) -> float:

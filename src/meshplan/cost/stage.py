@@ -12,7 +12,7 @@ from meshplan.cost.calib import Calibration
 from meshplan.cost.comm import Links, collective_time
 from meshplan.cost.compute import gemm_time, layer_compute, memory_time
 from meshplan.cost.memory import act_bytes_per_token, layer_params, layer_recompute_mode
-from meshplan.cost.ops import Gemm, LayerOps, layer_ops
+from meshplan.cost.ops import Gemm, LayerOps, layer_ops, rope_elements
 from meshplan.spec.hardware import GPUSpec
 from meshplan.spec.model import BlockSpec, LayerSpec, ModelSpec
 from meshplan.spec.plan import Plan
@@ -162,6 +162,8 @@ def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:
     ew_f = memory_time(ops.elementwise_bytes, gpu=ctx.gpu, calib=ctx.calib)
     if mode == "selective" and plan.selective_policy == "op":
         rec = fwd_gemm / 2 + ew_f
+    elif mode == "selective" and plan.selective_policy == "mla_up_proj":
+        rec = mla_up_proj_replay(layer, ops, ctx)
     else:
         rec = f if mode == "full" else (attn_f if mode == "selective" else 0.0)
     full = mode == "full"
@@ -172,6 +174,20 @@ def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:
                      tp_b=tp_b + (tp_f if full else 0.0), cp_f=cp_f, cp_b=cp_b + (cp_f if full else 0.0),
                      ep_f=ep, ep_b=ep + (ep if full else 0.0), act_bytes=per_tok * ops.tokens,
                      full_act_bytes=full_tok * ops.tokens, n_params=ops.n_params)
+
+
+def mla_up_proj_replay(layer: LayerSpec, ops: LayerOps, ctx: Ctx) -> float:
+    """Seconds Megatron's ``mla_up_proj`` recompute adds to a layer's backward: its forward of the query and
+    key-value up-projections and of RoPE, run again (megatron/core/transformer/multi_latent_attention.py wraps
+    ``qkv_up_proj_and_rope_apply`` in ``CheckpointWithoutOutput``); 0 for a layer without MLA."""
+    att = layer.attention
+    if att is None or att.kind != "mla":
+        return 0.0
+    plan = ctx.plan
+    gemms = sum(gemm_time(g, gpu=ctx.gpu, calib=ctx.calib, dtype=plan.precision)
+                for g in ops.gemms if g.name in ("q_up", "q", "kv_up"))
+    rope = rope_elements(att, tokens=ops.tokens, tp=plan.tp) * plan.act_bytes
+    return gemms + memory_time(rope, gpu=ctx.gpu, calib=ctx.calib)
 
 
 def mtp_depth(model: ModelSpec) -> int:

@@ -13,7 +13,7 @@ from meshplan.errors import SpecError
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 CP_KINDS = ("ring", "a2a")
-SELECTIVE_POLICIES = ("attention", "op")
+SELECTIVE_POLICIES = ("attention", "op", "mla_up_proj")
 AXES = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
 
@@ -66,7 +66,9 @@ class Plan:
     """With ``full``: layers per pipeline rank that are recomputed; 0 = all of them."""
     selective_policy: str = "attention"
     """What ``selective`` recomputes: ``attention`` (Megatron: the attention core) or ``op`` (torchtitan's
-    per-op policy: every other matmul and all elementwise ops; attention outputs kept)."""
+    per-op policy: every other matmul and all elementwise ops; attention outputs kept) or ``mla_up_proj``
+    (Megatron ``recompute_modules=["mla_up_proj"]``: the MLA query/key-value up-projections and RoPE, core
+    attention kept; layers without MLA recompute nothing)."""
     fused_kernels: bool = True
     """Elementwise ops run fused (Megatron/TE kernels or torch.compile); False = eager PyTorch."""
     flash_attention: bool = True
