@@ -207,6 +207,25 @@ def framework_split(row: dict, model: ModelSpec, plan: Plan) -> Plan:
     return plan.with_(layer_split=(per,) * (stages - 1) + (decoder - per * (stages - 1) + mtp,))
 
 
+# Megatron-Bridge's DeepSeek-V3 performance configs (scripts/performance/configs/deepseek/*workload_base_configs.py,
+# every stored version) set recompute_modules=["mla_up_proj"] on top of the recipe's recompute_granularity
+# "selective" (recipes/deepseek/deepseek_v3.py) for these (gpu, pp, vpp, ep, precision; "" = any precision).
+# Other GPUs and precisions changed their modules between versions and stay unmodelled.
+MBRIDGE_DSV3_RECOMPUTE = {("b200", 16, 1, 8, ""): "mla_up_proj", ("gb200", 4, 4, 64, "bf16"): "mla_up_proj"}
+
+
+def framework_recompute(row: dict, plan: Plan) -> Plan:
+    """The selective recompute a framework's published config pins, where the row leaves recompute empty."""
+    name = (row.get("model") or "").lower().replace("-", "")
+    if ((row.get("recompute") or "").strip() or "megatron-bridge" not in (row.get("source") or "").lower()
+            or "deepseekv3" not in name):
+        return plan
+    gpu = (row.get("gpu") or "").lower()
+    key = (gpu, plan.pp, plan.vpp, plan.ep)
+    policy = MBRIDGE_DSV3_RECOMPUTE.get(key + (plan.precision,)) or MBRIDGE_DSV3_RECOMPUTE.get(key + ("",))
+    return plan.with_(recompute="selective", selective_policy=policy) if policy else plan
+
+
 def row_to_run(row: dict) -> Run:
     """Translate one CSV row; raises MeshplanError with the reason when it cannot be expressed."""
     missing = [k for k in REQUIRED if not (row.get(k) or "").strip()]
@@ -218,6 +237,7 @@ def row_to_run(row: dict) -> Run:
         plan = infer_recompute(row, model, cluster, plan)
         model = infer_mtp(row, model, plan)
         plan = framework_split(row, model, plan)
+        plan = framework_recompute(row, plan)
         bad = plan_violations(model, cluster, plan)
     if bad:
         raise SpecError(row["id"], "layout", "; ".join(bad))
