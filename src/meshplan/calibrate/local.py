@@ -162,7 +162,7 @@ def fit_profile(bench: dict, *, base: GPUSpec, name: str) -> GPUSpec:
         # behind asynchronous launches as on a GPU.
         calib["op_overhead_s"] = float(bench["op_overhead_s"])
         calib["dtensor_overhead_s"] = float(bench.get("dtensor_overhead_s", 0.0))
-        calib["sync_s"] = float(bench.get("sync_s", 0.0))
+        calib["sync_s"] = float(bench.get("sync_s", 0.0))  # raw files from before the probe step
     changes: dict = {"name": name, "hbm_bandwidth": hbm,
                      "source": f"meshplan calibrate on {bench['device_name']} ({bench['world']} processes, "
                                f"{bench['threads']} threads each, {dtype})"}

@@ -58,7 +58,8 @@ class Calibration:
     sync_s: float = 0.0
     """Host synchronisation per blocking collective or pipeline send between compute (s): waking the peer
     process and the backend's threads; 0 on GPUs (a stream wait, no context switch); measured by ``meshplan
-    calibrate`` on CPUs (``runtime.bench.bench_sync``: compute + small all-reduce, minus each alone)."""
+    calibrate`` on CPUs from a real tensor + sequence-parallel step (``runtime.bench.bench_sync_step``),
+    inverted through this model's own count of blocking calls."""
     step_overhead_s: float = 0.02
     """Fixed per-step time outside the model (optimizer bookkeeping, data loading, logging) (s): the
     tens of milliseconds between iterations that Megatron-LM's timers attribute to neither forward nor

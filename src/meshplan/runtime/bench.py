@@ -150,44 +150,6 @@ def bench_dtensor_overhead(*, device: torch.device) -> float:
     return max(t_sharded - t_plain, 0.0) / 3
 
 
-def bench_sync(*, device: torch.device, work_s: float = 10e-3, pairs: int = 30) -> float:
-    """Host synchronisation seconds of one blocking collective between compute, beyond its back-to-back time:
-    each rank computes ``work_s`` of GEMMs (the compute between two blocking collectives of small-llama's
-    tp2+sp and fsdp2 steps: 0.62 s / 64 calls, 0.44 s / 48 calls on 2 shared cores, ~10 ms; the extra wait
-    grows with it: 0.9-1.4 ms at 5 ms, 1.75 ms at 10 ms in one quiet run),
-    then all-reduces 4 KiB through the functional collectives DTensor uses (issue, then ``wait_tensor``).
-    Back-to-back collectives keep every process hot; between compute, the peer (and gloo's threads) must be
-    woken and scheduled, which on shared CPU cores costs a context switch or a time slice per call (profile of
-    a tp2 step: 4.3 ms per wait vs 0.47 predicted). Paired rounds (work alone, then work + all-reduce); the
-    mean difference without its top and bottom tenth: a step pays every wait, but one descheduled second
-    would swamp 40 pairs."""
-    if not dist.is_initialized() or dist.get_world_size() < 2:
-        return 0.0
-    import torch.distributed._functional_collectives as fc
-
-    a = torch.randn(128, 128, device=device)
-    one = timed(lambda: a @ a, device=device, min_time_s=0.02)
-    reps = max(int(work_s / max(one, 1e-6)), 1)
-    buf = torch.ones(1024, device=device)
-
-    def reduce():
-        fc.wait_tensor(fc.all_reduce(buf, "sum", dist.group.WORLD))
-
-    t_reduce = _timed_collective(reduce, device)
-    diffs = []
-    for _ in range(pairs):
-        start = time.perf_counter()
-        for _ in range(reps):
-            a @ a
-        mid = time.perf_counter()
-        for _ in range(reps):
-            a @ a
-        reduce()
-        diffs.append((time.perf_counter() - mid) - (mid - start) - t_reduce)
-    kept = sorted(diffs)[pairs // 10: pairs - pairs // 10]
-    return max(sum(kept) / len(kept), 0.0)
-
-
 HOST_STEP = {"model": "small-llama", "plan": {"global_batch": 8, "seq_len": 128, "micro_batch": 1,
                                                "precision": "bf16", "fused_kernels": False}}
 """The tiny training step whose time on a GPU is the host's: 8 micro-batches of a 256-wide model."""
@@ -202,7 +164,8 @@ the whole world, ~16 blocking collectives per layer and micro-batch (tp = world 
 def bench_sync_step(*, device: torch.device, warmup: int = 2, steps: int = 5) -> dict:
     """Fastest of ``steps`` TP+SP training steps of SYNC_STEP under the running process group (world >= 2): on
     shared CPU cores each blocking collective between compute waits for the peer's threads to be scheduled, a
-    cost the synthetic ``bench_sync`` does not reproduce (0.03-1.4 ms there vs 2-5 ms per call in real steps).
+    cost that a synthetic compute + all-reduce loop did not reproduce (0.03-1.4 ms there vs 2-5 ms per call in
+    real steps: the peer's threads wake between real compute, not between back-to-back GEMMs).
     ``calibrate.local.fit_sync`` turns it into ``sync_s`` through the cost model's own count of calls."""
     plan = {**SYNC_STEP["plan"], "tp": dist.get_world_size()}
     return {**SYNC_STEP, "plan": plan, "s": _min_step(SYNC_STEP["model"], plan, device, warmup, steps)}
@@ -306,7 +269,6 @@ def run_benchmarks(s: BenchSettings, *, device: torch.device) -> dict:
     out["attention"] = bench_attention(s, device=device, dtype=dtype)
     out["copy"] = bench_copy(s, device=device)
     out["collectives"] = bench_collectives(s, device=device) if world > 1 else {}
-    out["sync_s"] = bench_sync(device=device)
     if device.type == "cpu" and world > 1:
         out["sync_step"] = bench_sync_step(device=device)
     if device.type == "cuda" and world == 1:

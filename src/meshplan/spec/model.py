@@ -143,7 +143,8 @@ class BlockSpec:
     """A run of identical layers."""
 
     name: str
-    """Role of the block: ``decoder``, ``vision``, ``projector``, ``dense``, ``moe``..."""
+    """Role of the block: ``decoder``, ``vision``, ``projector``, ``dense``, ``moe``...; ``mtp`` marks
+    multi-token-prediction modules (DeepSeek-V3 sec. 2.2), each of which also runs the output head and loss."""
     n_layers: int
     """Number of layers in the block."""
     layer: LayerSpec
