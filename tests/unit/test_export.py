@@ -150,6 +150,24 @@ def test_megatron_zero3_uses_megatron_fsdp():
     assert "--use-megatron-fsdp" in args and args["--num-distributed-optimizer-instances"] == 2
 
 
+@pytest.mark.parametrize("policy", ["attention", "op", "mla_up_proj"])
+def test_selective_policy_is_exported_or_flagged(policy):
+    # Megatron expresses the attention core (its default) and --recompute-modules mla_up_proj; torchtitan only
+    # its per-op policy; Megatron-DeepSpeed only the attention core. Everything else is an approximation.
+    from meshplan.export.deepspeed import mds_args
+    from meshplan.export.torchtitan import activation_checkpoint
+
+    model = catalog.model("deepseek-v3")
+    plan = Plan(global_batch=64, seq_len=4096, pp=4, dp=1, recompute="selective", selective_policy=policy)
+    args, notes = megatron_args(model, plan)
+    assert dict(args)["--recompute-granularity"] == "selective"
+    assert (dict(args).get("--recompute-modules") == "mla_up_proj") == (policy == "mla_up_proj")
+    assert any("per-op policy" in n for n in notes) == (policy == "op")
+    section, titan_notes = activation_checkpoint(model, plan)
+    assert section == {"mode": "selective", "selective_ac_option": "op"} and bool(titan_notes) == (policy != "op")
+    assert any("policy" in n for n in mds_args(model, plan)[1]) == (policy != "attention")
+
+
 # ---------------------------------------------------------------- torchtitan
 def test_torchtitan_fsdp_toml():
     res = render("tt2412-t3-8b-fsdp-128g", "torchtitan")

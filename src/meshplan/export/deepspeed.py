@@ -125,7 +125,10 @@ def mds_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
     """Megatron-DeepSpeed pretrain_gpt.py arguments and their approximations."""
     margs, n1 = _model_args(model, plan)
     pargs, n2 = _parallel_args(model, plan)
-    return margs + pargs + _train_args(plan), n1 + n2
+    n3 = [] if plan.recompute != "selective" or plan.selective_policy == "attention" else [
+        f"selective recompute, policy {plan.selective_policy}: Megatron-DeepSpeed recomputes only the attention "
+        "core; exported as that"]
+    return margs + pargs + _train_args(plan), n1 + n2 + n3
 
 
 class DeepSpeedExporter:

@@ -147,6 +147,11 @@ def _batch_and_memory_args(plan: Plan) -> tuple[Args, list[str]]:
             args += [("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
     elif plan.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
+        if plan.selective_policy == "mla_up_proj":
+            args.append(("--recompute-modules", "mla_up_proj"))
+        elif plan.selective_policy == "op":
+            notes.append("selective recompute, per-op policy (torchtitan): Megatron-LM has no such module set; "
+                         "exported as its default, the attention core")
     if plan.zero >= 1:
         args.append(("--use-distributed-optimizer", None))
     if plan.zero >= 2:

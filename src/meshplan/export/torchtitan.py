@@ -147,9 +147,11 @@ def activation_checkpoint(model: ModelSpec, plan: Plan) -> tuple[dict, list[str]
     if plan.recompute == "none":
         return {"mode": "none"}, []
     if plan.recompute == "selective":
-        return {"mode": "selective", "selective_ac_option": "op"}, [
-            "selective recompute: Megatron recomputes the attention core; torchtitan's per-op selective AC saves "
-            "matmul and attention outputs and recomputes the cheap ops instead"]
+        what = {"attention": "the attention core", "mla_up_proj": "MLA's up-projections"}
+        notes = [] if plan.selective_policy == "op" else [
+            f"selective recompute of {what[plan.selective_policy]}: torchtitan's per-op selective AC saves matmul "
+            "and attention outputs and recomputes the cheap ops instead"]
+        return {"mode": "selective", "selective_ac_option": "op"}, notes
     per_rank = model.n_layers // plan.pp
     if plan.recompute_layers and plan.recompute_layers < per_rank:
         every = max(1, round(per_rank / plan.recompute_layers))

@@ -3,7 +3,7 @@
 # model: llama3-8b (32 layers); gpus: 128xh100-hbm2e-96gb
 # plan: global_batch=256, seq_len=8192, micro_batch=2, dp=128, zero=3, recompute=selective
 # APPROXIMATE: torchtitan cannot express 1 part(s) of the plan:
-#   - selective recompute: Megatron recomputes the attention core; torchtitan's per-op selective AC saves matmul and attention outputs and recomputes the cheap ops instead
+#   - selective recompute of the attention core: torchtitan's per-op selective AC saves matmul and attention outputs and recomputes the cheap ops instead
 # run: torchrun ... -m torchtitan.train --module THIS_MODULE --config meshplan_config
 
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
