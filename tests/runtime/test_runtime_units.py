@@ -114,3 +114,5 @@ def test_runtime_accepts_every_layout_the_planner_can_choose_and_says_why_not_ot
         "etp=2: the runtime shards experts over the whole tp group (etp=1 or etp=tp=4)"]
     assert check_runtime_support(moe, _plan(tp=2, etp=2, ep=4, dp=2)) == [
         "with etp=tp the experts fold inside cp*dp: ep=4 must divide cp*dp=2"]
+    assert check_runtime_support(llama, _plan(recompute="selective", selective_policy="op")) == [
+        "selective_policy=op: the runtime's selective recompute is the attention core (selective_policy=attention)"]
