@@ -216,3 +216,25 @@ def test_mla_up_proj_recompute_replays_the_up_projections_and_rope():
     plan = Plan(global_batch=8, seq_len=s, dp=8, recompute="selective", selective_policy="mla_up_proj")
     ctx = Ctx(model=llama, plan=plan, gpu=gpu, links=plan_links(plan, pool), calib=cal)
     assert layer_cost(llama.blocks[0], ctx, index_on_rank=0).recompute == 0.0
+
+
+def test_zero3_per_parameter_gathers_pay_latency_per_tensor():
+    # DeepSpeed ZeRO-3 (2021): one all-gather per parameter tensor. Same bytes, but the ring latency
+    # (n - 1 steps of the link latency) is paid once per tensor instead of once per layer.
+    from meshplan.cost.comm import collective_time
+    from meshplan.cost.dp import fsdp_cost
+    from meshplan.cost.calib import Calibration
+    from meshplan.spec.cluster import GroupLink
+
+    calib = Calibration(sync_s=0.0)
+    link = GroupLink(level="fabric", bandwidth=25e9, latency=8e-6)
+    links = type("L", (), {"dp_shard": link, "dp": link, "dp_replicate": link})()
+    base = dict(global_batch=16, seq_len=2048, micro_batch=1, dp=16, zero=3, overlap_param_gather=False)
+    unit = fsdp_cost(1e9, 0.0, plan=Plan(**base), links=links, calib=calib, fwd=1.0, bwd=2.0, n_units=10,
+                     n_tensors=120)
+    per_param = fsdp_cost(1e9, 0.0, plan=Plan(**base, zero_gather="param"), links=links, calib=calib, fwd=1.0,
+                          bwd=2.0, n_units=10, n_tensors=120)
+    one_gather = collective_time("all_gather", 2e9 / 10, size=16, link=link, calib=calib)
+    assert unit.per_micro_fwd == pytest.approx(10 * one_gather)
+    # 110 more gathers, each 15 ring steps x 8 us.
+    assert per_param.per_micro_fwd - unit.per_micro_fwd == pytest.approx(110 * 15 * 8e-6)

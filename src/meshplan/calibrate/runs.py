@@ -118,6 +118,18 @@ def _before_flash(row: dict) -> bool:
     return bool(years) and min(years) <= 2022
 
 
+def _deepspeed_zero3_2021(row: dict) -> bool:
+    """ZeRO-3 as DeepSpeed released it in 2021 (the term is DeepSpeed's; FSDP implementations flatten each
+    unit): every parameter tensor is gathered by its own ``torch.distributed.all_gather``, after a
+    ``torch.cuda.synchronize()`` that drains the compute stream first, and its gradient reduce-scattered by its
+    own call (samyam/DeepSpeed deepspeed/runtime/zero/partition_parameters.py @67f957a, ``_allgather_param``,
+    ``_reduce_scatter_gradient``): per-parameter latency, and gathers that cannot overlap compute."""
+    text = " ".join(row.get(k) or "" for k in ("source", "model", "notes")).lower()
+    years = [int(y) for y in re.findall(r"\b(20[0-3]\d)\b", row.get("source") or "")]
+    named = any(k in text for k in ("zero-3", "zero3", "zero stage 3", "deepspeed")) and "fsdp" not in text
+    return (row.get("zero") or "").strip() == "3" and bool(years) and min(years) <= 2021 and named
+
+
 def _micro_batch(row: dict, titan: bool) -> int:
     """Micro-batch size; unknown means the framework default: 1 for Megatron-family recipes, and for
     torchtitan pipelines as many micro-batches as pipeline stages (its pipeline_parallel_microbatches
@@ -146,7 +158,8 @@ def row_plan(row: dict) -> Plan:
                 precision=row.get("precision") or "bf16",
                 tp_comm_overlap=any(k in notes for k in ("tp-comm-overlap", "tp_comm_overlap", "asynctp")),
                 fused_kernels=not titan or compiled, selective_policy="op" if titan else "attention",
-                flash_attention=not _before_flash(row))
+                flash_attention=not _before_flash(row),
+                **({"zero_gather": "param", "overlap_param_gather": False} if _deepspeed_zero3_2021(row) else {}))
 
 
 def infer_recompute(row: dict, model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> Plan:

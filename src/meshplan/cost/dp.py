@@ -44,18 +44,21 @@ def on_any(plan: Plan) -> bool:
 
 
 def fsdp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: Calibration, fwd: float,
-              bwd: float, n_units: int) -> DPCost:
+              bwd: float, n_units: int, n_tensors: int = 0) -> DPCost:
     """ZeRO-3/FSDP2 per micro-batch: all-gather bf16 parameters before forward and again before backward
     (reshard after forward), reduce-scatter fp32 gradients; prefetching hides them behind the previous
     unit's compute except the first unit. HSDP adds a once-per-step all-reduce of the sharded gradients
-    across replicas."""
+    across replicas. ``n_tensors``: parameter tensors on the rank, each its own collective when
+    ``plan.zero_gather`` is ``param``."""
     shard = plan.zero_group
     units = max(n_units, 1)
+    calls = max(n_tensors, units) if plan.zero_gather == "param" else units
     w_bytes = 2.0 if plan.precision != "fp32" else 4.0
 
     def per_unit(kind: str, params: float, nbytes: float, size: int, link) -> float:
-        # One collective per FSDP unit (a layer): the latency term is paid once per unit.
-        return units * collective_time(kind, params * nbytes / units, size=size, link=link, calib=calib)
+        # One collective per FSDP unit (a layer), or per parameter tensor (DeepSpeed 2021, partition_parameters
+        # ._allgather_param / ._reduce_scatter_gradient): the latency term is paid once per call.
+        return calls * collective_time(kind, params * nbytes / calls, size=size, link=link, calib=calib)
 
     ag = per_unit("all_gather", dense, w_bytes, shard, links.dp_shard)
     rs = per_unit("reduce_scatter", dense, 4.0, shard, links.dp_shard)
@@ -74,8 +77,8 @@ def fsdp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: C
     b = max(ag + rs - calib.overlap_eff * bwd, (ag + rs) / units) if on else ag + rs
     # Each unit's blocking calls (one gather in forward; gather and reduce-scatter in backward) cost the host
     # a synchronisation that no overlap hides (sync_s, measured by `meshplan calibrate`; 0 on GPUs).
-    f += units * calib.sync_s
-    b += 2 * units * calib.sync_s
+    f += calls * calib.sync_s
+    b += 2 * calls * calib.sync_s
     rep = plan.dp_replicate
     ar = collective_time("all_reduce", dense / shard * 4.0, size=rep, link=links.dp_replicate, calib=calib)
     per_step = max(ar - calib.overlap_eff * bwd, 0.0) if plan.overlap_grad_reduce else ar
@@ -110,13 +113,14 @@ def ddp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: Ca
 
 
 def dp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: Calibration, fwd: float, bwd: float,
-            n_units: int) -> DPCost:
-    """Data-parallel cost of one pipeline rank holding ``dense``/``expert`` parameters; ``fwd``/``bwd`` are
-    its compute per micro-batch (s) that traffic can hide behind."""
+            n_units: int, n_tensors: int = 0) -> DPCost:
+    """Data-parallel cost of one pipeline rank holding ``dense``/``expert`` parameters (``n_tensors`` tensors
+    in ``n_units`` layers); ``fwd``/``bwd`` are its compute per micro-batch (s) that traffic can hide behind."""
     if plan.dp * plan.cp <= 1 and plan.shard_group <= 1 and not expert:
         return DPCost()
     if plan.zero == 3:
-        return fsdp_cost(dense, expert, plan=plan, links=links, calib=calib, fwd=fwd, bwd=bwd, n_units=n_units)
+        return fsdp_cost(dense, expert, plan=plan, links=links, calib=calib, fwd=fwd, bwd=bwd, n_units=n_units,
+                         n_tensors=n_tensors)
     return ddp_cost(dense, expert, plan=plan, links=links, calib=calib, fwd=fwd, bwd=bwd)
 
 

@@ -136,8 +136,9 @@ def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCo
     dense, expert = stage_params(model, layers, plan, first=first, last=last)
     fwd = sum(times.fwd[v] for v in idx)
     bwd = sum(times.bwd_input[v] + times.bwd_weight[v] for v in idx)
+    n_tensors = sum(c.n_params for c in rows) + 2  # layers' tensors, plus embedding/head and final norm
     dp = dp_cost(dense, expert, plan=plan, links=ctx.links, calib=ctx.calib, fwd=fwd, bwd=bwd,
-                 n_units=max(len(rows), 1))
+                 n_units=max(len(rows), 1), n_tensors=n_tensors)
     inflight = inflight_microbatches(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro, rank=r)
     act = inflight * sum(times.act_bytes[v] for v in idx)
     extra = max((c.full_act_bytes - c.act_bytes for c in rows), default=0.0)
@@ -147,7 +148,7 @@ def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCo
     # Sharded (ZeRO/FSDP2) and tensor-parallel parameters are DTensors: their optimizer ops pay dispatch too.
     host = ctx.calib.op_overhead_s + (ctx.calib.dtensor_overhead_s if (plan.zero or plan.tp > 1) else 0.0)
     opt = optimizer_time(dense, expert, plan=plan, hbm_bandwidth=ctx.gpu.hbm_bandwidth, mem_eff=ctx.calib.mem_eff,
-                         n_tensors=sum(c.n_params for c in rows) + 2, host_s=host,
+                         n_tensors=n_tensors, host_s=host,
                          host_floor_s=ctx.calib.host_op_s)
     return RankCost(compute=sum(c.fwd + c.bwd_input + c.bwd_weight for c in rows),
                     recompute=sum(c.recompute for c in rows), tp=sum(c.tp_f + c.tp_b for c in rows),

@@ -14,6 +14,7 @@ RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 CP_KINDS = ("ring", "a2a")
 SELECTIVE_POLICIES = ("attention", "op", "mla_up_proj")
+ZERO_GATHERS = ("unit", "param")
 AXES = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
 
@@ -80,6 +81,10 @@ class Plan:
     """Overlap the gradient reduction with the backward pass."""
     overlap_param_gather: bool = True
     """Overlap ZeRO/FSDP parameter all-gathers with compute."""
+    zero_gather: str = "unit"
+    """How ZeRO-3 moves parameters: ``unit`` (one all-gather and one reduce-scatter per layer: FSDP units,
+    Megatron buckets, DeepSpeed's coalesced gathers) or ``param`` (one per parameter tensor, each paying the
+    collective's latency: DeepSpeed ZeRO-3 as released in 2021)."""
     tp_comm_overlap: bool = False
     """Overlap TP collectives with GEMMs (Megatron/TE userbuffers)."""
     rank_order: str = DEFAULT_RANK_ORDER
@@ -97,7 +102,7 @@ class Plan:
         if self.zero not in (0, 1, 2, 3):
             raise SpecError("plan.zero", self.zero, "must be 0, 1, 2 or 3")
         for name, opts in (("recompute", RECOMPUTE), ("precision", PRECISIONS), ("cp_kind", CP_KINDS),
-                           ("selective_policy", SELECTIVE_POLICIES)):
+                           ("selective_policy", SELECTIVE_POLICIES), ("zero_gather", ZERO_GATHERS)):
             if getattr(self, name) not in opts:
                 raise SpecError(f"plan.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
         order = self.rank_order.split("-")
