@@ -146,7 +146,8 @@ def test_logits_bytes_per_logit_by_runtime():
     # loss_parallel (zeros_like + exp) * grad beside the saved log-softmax 16 B, on V / tp logits.
     assert logits_bytes(m, Plan(global_batch=8, seq_len=8192)) == pytest.approx(6 * logits)
     assert logits_bytes(m, Plan(global_batch=8, seq_len=8192, fused_kernels=False)) == pytest.approx(12 * logits)
-    assert logits_bytes(m, Plan(global_batch=8, seq_len=8192, tp=8, fused_kernels=False)) == pytest.approx(16 * logits / 8)
+    loss_parallel = Plan(global_batch=8, seq_len=8192, tp=8, fused_kernels=False)
+    assert logits_bytes(m, loss_parallel) == pytest.approx(16 * logits / 8)
 
 
 def test_eager_vocab_parallel_embedding_gradient_is_whole():
@@ -161,7 +162,8 @@ def test_eager_vocab_parallel_embedding_gradient_is_whole():
 def test_moe_eager_extra_bytes_by_hand():
     layer = catalog.model("qwen3-30b-a3b").blocks[0].layer
     # top-8 copies x (index_copy and index_add sources 2 x 2h + silu output 2f) + fp32 router softmax 4 E.
-    assert moe_eager_extra_bytes(layer, Plan(global_batch=8, seq_len=4096, fused_kernels=False)) == 8 * (4 * 2048 + 2 * 768) + 4 * 128
+    eager = Plan(global_batch=8, seq_len=4096, fused_kernels=False)
+    assert moe_eager_extra_bytes(layer, eager) == 8 * (4 * 2048 + 2 * 768) + 4 * 128
 
 
 def test_pipelined_gradients_beside_the_peak_activations():

@@ -90,7 +90,8 @@ def row_model(row: dict) -> ModelSpec:
         cf = re.search(r"capacity factor ([\d.]+)", notes, flags=re.IGNORECASE)
         moe = MoESpec(n_experts=_int(row, "n_experts"), top_k=_int(row, "top_k"),
                       expert_ffn_hidden=_int(row, "moe_ffn_hidden", _int(row, "ffn_hidden")),
-                      n_shared_experts=_int(row, "n_shared_experts", 0), capacity_factor=float(cf.group(1)) if cf else 0.0)
+                      n_shared_experts=_int(row, "n_shared_experts", 0),
+                      capacity_factor=float(cf.group(1)) if cf else 0.0)
         kw.update(moe=moe, first_dense=_note_int(notes, r"first (\d+) layers dense"),
                   dense_ffn_hidden=_int(row, "ffn_hidden"), ffn_hidden=moe.expert_ffn_hidden)
     return decoder_model(**kw)

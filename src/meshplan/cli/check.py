@@ -62,7 +62,8 @@ def measure_all(model_ref: str, plans: list, *, world: int, warmup: int, rounds:
         except subprocess.TimeoutExpired:
             raise SpecError("check", f"{timeout_s} s", "the timing runs did not finish in time") from None
         if proc.returncode or not out_path.is_file():
-            raise SpecError("check", f"exit {proc.returncode}", "timing runs failed: " + (proc.stderr or "see above")[-1500:])
+            tail = (proc.stderr or "see above")[-1500:]
+            raise SpecError("check", f"exit {proc.returncode}", "timing runs failed: " + tail)
         return json.loads(out_path.read_text())
 
 

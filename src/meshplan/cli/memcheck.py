@@ -72,7 +72,8 @@ def register(app: typer.Typer) -> None:
         gpus: str = typer.Option("8xh100-sxm", "--gpus", help="Cluster the prediction is for (its GPU count is "
                                  "the world the fake process group simulates)."),
         plan_file: Optional[str] = typer.Option(None, "--plan", help="Plan file; flags below otherwise."),
-        tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"), dp: int = typer.Option(0, "--dp", help="0 = what the GPU count leaves."),
+        tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"),
+        dp: int = typer.Option(0, "--dp", help="0 = what the GPU count leaves."),
         ep: int = typer.Option(1, "--ep"), zero: int = typer.Option(3, "--zero"),
         sp: bool = typer.Option(False, "--sp/--no-sp"),
         recompute: str = typer.Option("none", "--recompute"),

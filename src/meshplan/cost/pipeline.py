@@ -84,7 +84,8 @@ def _exposed_p2p(schedule: str, t: float, *, pp: int, vpp: int, n_micro: int) ->
     """Transfer time on the critical path, first order in the largest stage-to-stage send time ``t``.
 
     1F1B pays one down-and-up trip per pp micro-batches in steady state (its warm-up leaves no slack); GPipe
-    pays one trip over the pp ranks; the others pay the fill and drain trips over all pp*v stages once (simulator-derived; see tests/unit/test_sim_closed_form.py).
+    pays one trip over the pp ranks; the others pay the fill and drain trips over all pp*v stages once
+    (simulator-derived; see tests/unit/test_sim_closed_form.py).
     """
     hops = pp * max(vpp, 1) - 1
     if schedule == "gpipe":
