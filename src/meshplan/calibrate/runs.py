@@ -13,10 +13,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from meshplan import catalog
+from meshplan.cost.estimate import model_flops
+from meshplan.cost.stage import mtp_depth
 from meshplan.errors import MeshplanError, SpecError
 from meshplan.spec.checks import plan_violations
 from meshplan.spec.cluster import ClusterSpec, Pool
-from meshplan.cost.estimate import model_flops
 from meshplan.spec.model import BlockSpec, ModelSpec, MoESpec, decoder_model
 from meshplan.spec.plan import Plan
 
@@ -115,8 +116,13 @@ def _vpp(row: dict) -> int:
 def _before_flash(row: dict) -> bool:
     """The source is from before 2023, when FlashAttention (Dao et al., 2022) reached Megatron-LM and PyTorch:
     attention then ran as unfused kernels that materialize the score matrix."""
-    years = [int(y) for y in re.findall(r"\b(20[0-3]\d)\b", row.get("source") or "")]
+    years = _source_years(row)
     return bool(years) and min(years) <= 2022
+
+
+def _source_years(row: dict) -> list[int]:
+    """Years named in the row's source citation."""
+    return [int(y) for y in re.findall(r"\b(20[0-3]\d)\b", row.get("source") or "")]
 
 
 def _deepspeed_zero3_2021(row: dict) -> bool:
@@ -126,7 +132,7 @@ def _deepspeed_zero3_2021(row: dict) -> bool:
     own call (samyam/DeepSpeed deepspeed/runtime/zero/partition_parameters.py @67f957a, ``_allgather_param``,
     ``_reduce_scatter_gradient``): per-parameter latency, and gathers that cannot overlap compute."""
     text = " ".join(row.get(k) or "" for k in ("source", "model", "notes")).lower()
-    years = [int(y) for y in re.findall(r"\b(20[0-3]\d)\b", row.get("source") or "")]
+    years = _source_years(row)
     named = any(k in text for k in ("zero-3", "zero3", "zero stage 3", "deepspeed")) and "fsdp" not in text
     return (row.get("zero") or "").strip() == "3" and bool(years) and min(years) <= 2021 and named
 
@@ -215,7 +221,7 @@ def framework_split(row: dict, model: ModelSpec, plan: Plan) -> Plan:
     if ("megatron-bridge" not in (row.get("source") or "").lower() or "deepseekv3" not in name
             or (plan.pp, plan.vpp) not in MBRIDGE_DSV3_LAYOUTS):
         return plan
-    mtp = sum(b.n_layers for b in model.blocks if b.name == "mtp")
+    mtp = mtp_depth(model)
     decoder, stages = model.n_layers - mtp, plan.n_stages
     per = -(-decoder // stages)
     return plan.with_(layer_split=(per,) * (stages - 1) + (decoder - per * (stages - 1) + mtp,))

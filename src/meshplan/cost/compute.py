@@ -72,15 +72,14 @@ def layer_compute(ops: LayerOps, *, gpu: GPUSpec, calib: Calibration, dtype: str
         # Unfused attention: QK^T and AV are batched GEMMs, the score matrix streams through HBM; the
         # backward does twice the GEMM work and twice the traffic (scores are stored, not recomputed).
         use = "bf16" if dtype == "fp8" else dtype
-        gem = ops.attn_flops / (gpu.peak_flops(use) * calib.gemm_eff)
-        att = gem + memory_time(ops.score_bytes, gpu=gpu, calib=calib)
-        host = ops.n_ops * (calib.op_overhead_s + (calib.dtensor_overhead_s if sharded else 0.0))
-        return host_bound((fwd + att + ew + host, bi + 2 * att + 2 * ew + 1.5 * host, bw + 0.5 * host),
-                          ops.n_ops, calib)
-    att = attention_time(ops.attn_flops, gpu=gpu, calib=calib, dtype=dtype)
+        att = ops.attn_flops / (gpu.peak_flops(use) * calib.gemm_eff) + memory_time(ops.score_bytes, gpu=gpu,
+                                                                                     calib=calib)
+        att_bwd = 2.0
+    else:
+        att, att_bwd = attention_time(ops.attn_flops, gpu=gpu, calib=calib, dtype=dtype), 2.5
     # Host overhead that does not overlap (CPUs): every forward op once, the backward about twice as many.
     host = ops.n_ops * (calib.op_overhead_s + (calib.dtensor_overhead_s if sharded else 0.0))
-    return host_bound((fwd + att + ew + host, bi + 2.5 * att + 2 * ew + 1.5 * host, bw + 0.5 * host),
+    return host_bound((fwd + att + ew + host, bi + att_bwd * att + 2 * ew + 1.5 * host, bw + 0.5 * host),
                       ops.n_ops, calib)
 
 

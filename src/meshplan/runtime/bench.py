@@ -172,23 +172,14 @@ def bench_sync_step(*, device: torch.device, warmup: int = 2, steps: int = 5) ->
 
 
 def _min_step(model: str, plan_dict: dict, device: torch.device, warmup: int, steps: int) -> float:
-    """Fastest of ``steps`` training steps (after ``warmup``) of the runtime's own trainer, slowest rank's."""
-    from meshplan import catalog
-    from meshplan.runtime.build import build_trainer
+    """Fastest of ``steps`` training steps (after ``warmup``) of the runtime's own trainer, slowest rank's
+    (``closed_loop``'s build and timed step, as ``meshplan check`` runs them)."""
+    from meshplan.runtime.closed_loop import _build, _one_step
     from meshplan.runtime.config import RunConfig
-    from meshplan.runtime.mesh import build_meshes
-    from meshplan.runtime.train import train_step
     from meshplan.spec.io import plan_from_dict
 
-    cfg = RunConfig(plan=plan_from_dict(plan_dict), model=model)
-    trainer = build_trainer(cfg, catalog.model(model), build_meshes(cfg.plan, device.type), device)
-    times = []
-    for i in range(warmup + steps):
-        dist.barrier()
-        t = torch.tensor([train_step(trainer, i + 1)["step_time_s"]])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        times.append(float(t))
-    return min(times[warmup:])
+    trainer = _build(RunConfig(plan=plan_from_dict(plan_dict), model=model), device)
+    return min(_one_step(trainer, i + 1)[0] for i in range(warmup + steps) if i >= warmup)
 
 
 def bench_host_step(*, device: torch.device, warmup: int = 2, steps: int = 5) -> dict:
