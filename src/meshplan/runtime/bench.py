@@ -174,12 +174,12 @@ def bench_sync_step(*, device: torch.device, warmup: int = 2, steps: int = 5) ->
 def _min_step(model: str, plan_dict: dict, device: torch.device, warmup: int, steps: int) -> float:
     """Fastest of ``steps`` training steps (after ``warmup``) of the runtime's own trainer, slowest rank's
     (``closed_loop``'s build and timed step, as ``meshplan check`` runs them)."""
-    from meshplan.runtime.closed_loop import _build, _one_step
+    from meshplan.runtime.closed_loop import build_plan_trainer, timed_step
     from meshplan.runtime.config import RunConfig
     from meshplan.spec.io import plan_from_dict
 
-    trainer = _build(RunConfig(plan=plan_from_dict(plan_dict), model=model), device)
-    return min(_one_step(trainer, i + 1)[0] for i in range(warmup + steps) if i >= warmup)
+    trainer = build_plan_trainer(RunConfig(plan=plan_from_dict(plan_dict), model=model), device)
+    return min(timed_step(trainer, i + 1)[0] for i in range(warmup + steps) if i >= warmup)
 
 
 def bench_host_step(*, device: torch.device, warmup: int = 2, steps: int = 5) -> dict:

@@ -200,19 +200,20 @@ def time_plans(cfgs: list, *, warmup: int, rounds: int, device=None) -> dict:
     device = device or torch.device("cpu")
     if device.type == "cuda":
         return _time_sequential(cfgs, warmup=warmup, rounds=rounds, device=device)
-    trainers = [_build(c, device) for c in cfgs]
+    trainers = [build_plan_trainer(c, device) for c in cfgs]
     times: list[list[float]] = [[] for _ in cfgs]
     cpu: list[list[float]] = [[] for _ in cfgs]
     for r in range(warmup + rounds):
         for i, t in enumerate(trainers):
-            wall, cpu_s = _one_step(t, r + 1)
+            wall, cpu_s = timed_step(t, r + 1)
             if r >= warmup:
                 times[i].append(wall)
                 cpu[i].append(cpu_s)
     return {"times": times, "cpu_times": cpu, "peak_bytes": [None] * len(cfgs)}
 
 
-def _build(cfg, device):
+def build_plan_trainer(cfg, device):
+    """The trainer of one RunConfig on ``device`` under the running process group, its meshes built."""
     from meshplan import catalog
     from meshplan.runtime.build import build_trainer
     from meshplan.runtime.mesh import build_meshes
@@ -220,7 +221,7 @@ def _build(cfg, device):
     return build_trainer(cfg, catalog.model(cfg.model), build_meshes(cfg.plan, device.type), device)
 
 
-def _one_step(trainer, step: int) -> tuple[float, float]:
+def timed_step(trainer, step: int) -> tuple[float, float]:
     """(wall s, CPU s) of one training step, the slowest rank's."""
     import torch
     import torch.distributed as dist
@@ -247,9 +248,9 @@ def _time_sequential(cfgs: list, *, warmup: int, rounds: int, device) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
-        trainer = _build(cfg, device)
+        trainer = build_plan_trainer(cfg, device)
         built = time.perf_counter() - start
-        rows = [_one_step(trainer, s + 1) for s in range(warmup + rounds)][warmup:]
+        rows = [timed_step(trainer, s + 1) for s in range(warmup + rounds)][warmup:]
         peak = torch.tensor([float(torch.cuda.max_memory_allocated(device))], device=device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         times.append([w for w, _ in rows])
