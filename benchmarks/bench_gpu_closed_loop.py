@@ -23,7 +23,8 @@ def recorded_plans(results: dict) -> tuple[str, list, list[float], list[float]]:
 
     run = results["as_run"]
     plans = [Plan(global_batch=run["global_batch"], seq_len=run["seq_len"], micro_batch=m["micro_batch"],
-                  recompute=m["recompute"], precision=run["precision"], fused_kernels=False)
+                  recompute=m["recompute"], precision=run["precision"], fused_kernels=False,
+                  fused_optimizer=False)
              for m in results["measured"]]
     return (run["model"], plans, [m["step_time_s"] for m in results["measured"]],
             [m["peak_bytes"] for m in results["measured"]])

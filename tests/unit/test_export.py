@@ -168,6 +168,20 @@ def test_selective_policy_is_exported_or_flagged(policy):
     assert any("policy" in n for n in mds_args(model, plan)[1]) == (policy != "attention")
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_optimizer_kernels_are_exported_or_flagged(fused):
+    # torchtitan names its AdamW implementation; Megatron-LM and DeepSpeed always run a multi-tensor Adam.
+    from meshplan.export.deepspeed import ds_config
+    from meshplan.export.torchtitan import job_sections
+
+    model = catalog.model("llama3-8b")
+    plan = Plan(global_batch=64, seq_len=4096, dp=8, zero=1, fused_optimizer=fused)
+    doc, _ = job_sections(model, plan)
+    assert doc["optimizer"] == {"name": "AdamW", "implementation": "fused" if fused else "for-loop"}
+    assert any("fused_optimizer" in n for n in megatron_args(model, plan)[1]) != fused
+    assert any("fused_optimizer" in n for n in ds_config(plan)[1]) != fused
+
+
 # ---------------------------------------------------------------- torchtitan
 def test_torchtitan_fsdp_toml():
     res = render("tt2412-t3-8b-fsdp-128g", "torchtitan")

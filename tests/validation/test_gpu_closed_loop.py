@@ -36,22 +36,30 @@ def test_peak_memory_of_every_plan_within_5_percent_of_the_gpu(recorded):
 
 def test_calibrated_profile_ranks_the_gpu_plans(recorded):
     # With the profile `meshplan calibrate` measured on that GPU (host time per op included), the predicted
-    # order of the 9 plans follows the measured one (tau 0.83 when recorded) and the chosen plan is the fastest.
+    # order of the 9 plans follows the measured one (tau 0.89 with today's model) and the chosen plan is the fastest.
     s = _bench().rescore(recorded, str(RESULTS / "h200-local.toml"))
     assert s["kendall_tau"] >= 0.7 and s["regret_pct"] == 0.0
-    assert s["mape_pct"] <= 25.0
+    assert s["mape_pct"] <= 20.0
 
 
 def test_host_bound_small_micro_batches_are_slower():
     # The host floor: one step of 8 micro-batches of the 1B model issues ~8x the layer ops of one micro-batch
-    # of 8; with host_op_s from calibrate the first is predicted slower, as measured (0.52 vs 0.34 s at mb2 vs
-    # mb8), while the catalog profile (host not modelled) sees almost no difference.
+    # of 8, so the first is predicted slower, as measured (0.52 vs 0.34 s at mb2 vs mb8): with the host time
+    # per op calibrate measured on that GPU, and with the catalog's default (the same measurement).
     from meshplan.cli.check import predict_all
     from meshplan.spec.plan import Plan
 
-    plans = [Plan(global_batch=8, seq_len=2048, micro_batch=m, precision="bf16", fused_kernels=False)
+    plans = [Plan(global_batch=8, seq_len=2048, micro_batch=m, precision="bf16", fused_kernels=False,
+                  fused_optimizer=False)
              for m in (1, 8)]
-    (t1, _), (t8, _) = predict_all("llama3.2-1b", str(RESULTS / "h200-local.toml"), plans, 1)
-    (c1, _), (c8, _) = predict_all("llama3.2-1b", "h200", plans, 1)
-    assert t1 > 1.3 * t8
-    assert c1 < 1.1 * c8
+    for profile in (str(RESULTS / "h200-local.toml"), "h200"):
+        (t1, _), (t8, _) = predict_all("llama3.2-1b", profile, plans, 1)
+        assert t1 > 1.3 * t8, profile
+
+
+def test_catalog_profile_ranks_the_gpu_plans(recorded):
+    # The catalog h200 (datasheet peaks, fitted efficiencies, default host time per op): tau 0.89, MAPE 8.8 %
+    # when this was written (0.56 and 26 % before the host floor was a catalog default).
+    s = _bench().rescore(recorded, "h200")
+    assert s["kendall_tau"] >= 0.7 and s["regret_pct"] == 0.0
+    assert s["mape_pct"] <= 20.0

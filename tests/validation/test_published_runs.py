@@ -2,15 +2,6 @@
 
 from meshplan.calibrate.validate import validate_csv
 
-# Rows whose error exceeds 30 % and why; each is a known limitation of the model, reported, not hidden.
-KNOWN_MISSES = {
-    "mbridge2511-deepseek-v3-b200-256g": "-32 % with its MTP module, the recipe's pipeline layout and its mla_up_proj "
-                                         "recompute modelled; the rest (MXFP8 at 12 % of fp8 peak; GB200's MXFP8 "
-                                         "DeepSeek-V3 runs only 1.28x its bf16 one) has no sourced mechanism yet: "
-                                         "TE's MXFP8 quantization reads once and writes two 1-byte copies, no more "
-                                         "traffic than current scaling's two reads and one write on Blackwell",
-}
-
 
 def test_every_row_is_predicted_or_skipped_with_a_reason(runs_csv):
     report = validate_csv(runs_csv)
@@ -23,8 +14,17 @@ def test_accuracy_bounds(runs_csv):
     report = validate_csv(runs_csv)
     assert report.mape <= 10.0, f"MAPE {report.mape:.1f} %"
     assert report.median_ape <= 7.0, f"median {report.median_ape:.1f} %"
-    worst = {r.id: r.error_pct for r in report.rows if abs(r.error_pct) > 30.0}
-    assert set(worst) <= set(KNOWN_MISSES), f"new rows worse than 30 %: {set(worst) - set(KNOWN_MISSES)}"
+    worst = {r.id: round(r.error_pct, 1) for r in report.rows if abs(r.error_pct) > 30.0}
+    assert not worst, f"rows worse than 30 %: {worst}"
+
+
+def test_many_local_experts_are_host_bound(runs_csv):
+    # DeepSeek-V3 on B200 with ep 8 holds 32 experts per GPU: each expert GEMM and, under MXFP8, its input
+    # quantization is a launch of its own, so the host's issue time, not the device, paces the MoE layers
+    # (-32 % before the host floor). Its GB200 twin (ep 64, 4 local experts, bf16) stays device-bound.
+    rows = {r.id: r for r in validate_csv(runs_csv).rows}
+    assert abs(rows["mbridge2511-deepseek-v3-b200-256g"].error_pct) <= 15.0
+    assert abs(rows["mbridge2511-deepseek-v3-gb200-256g"].error_pct) <= 5.0
 
 
 def test_json_shape(runs_csv):

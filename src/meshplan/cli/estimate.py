@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from meshplan.cli.common import gib, print_json, resolve_cluster, resolve_model
+from meshplan.cost.result import INSIDE_COMPUTE
 from meshplan.errors import SpecError
 from meshplan.spec.io import read_plan_file
 from meshplan.spec.plan import Plan
@@ -70,7 +71,7 @@ def render(est, model, cluster, plan) -> str:
     t.add_column("%", justify="right")
     for k, v in est.time.as_dict().items():
         if v > 0:
-            t.add_row(k.replace("_", " ") + (" (inside compute)" if k == "recompute" else ""), f"{v:.3f}",
+            t.add_row(k.replace("_", " ") + (" (inside compute)" if k in INSIDE_COMPUTE else ""), f"{v:.3f}",
                       f"{100 * v / est.step_time:.1f}")
     con.print(t)
     m = Table(title="memory of the fullest GPU", show_header=True)

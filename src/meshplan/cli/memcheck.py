@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
                 dp = n // (tp * pp)
             plan = Plan(global_batch=global_batch, seq_len=seq_len, micro_batch=micro_batch, tp=tp, sp=sp, pp=pp,
                         dp=dp, ep=ep, zero=zero if dp > 1 else 0, recompute=recompute, schedule=schedule,
-                        precision="bf16", fused_kernels=False)  # the runtime is eager PyTorch
+                        precision="bf16", fused_kernels=False, fused_optimizer=False)  # eager runtime
         cluster = catalog.cluster(gpus)
         if cluster.n_gpus != plan.n_gpus:
             raise SpecError("--gpus", gpus, f"has {cluster.n_gpus} GPUs, the plan needs {plan.n_gpus}")

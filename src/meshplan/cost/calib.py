@@ -46,12 +46,15 @@ class Calibration:
     op_overhead_s: float = 0.0
     """Host time per eager op that does not overlap device work (s): 0 on GPUs, whose launches run ahead
     asynchronously; measured by ``meshplan calibrate`` on CPUs, where dispatch precedes every op."""
-    host_op_s: float = 0.0
-    """Host issue time per op on a GPU (eager dispatch, autograd bookkeeping, launch) (s). It overlaps device
-    work, since launches run ahead asynchronously, so a layer or optimizer step takes the longer of its device
-    time and its ops' host time: small micro-batches of an eager runtime are host-bound. 0 = not modelled
-    (catalog GPUs: the published runs are device-bound); ``meshplan calibrate`` on a GPU measures it from one
-    training step of a tiny model, where the device is idle and the host is the step."""
+    host_op_s: float = 6.123e-5
+    """Host issue time per op on a GPU (Python, autograd bookkeeping, dispatch and launch) (s). Launches run
+    ahead asynchronously, so the host issues a layer's ops while the device computes or waits on the layer's
+    exposed communication, and the layer takes the longer of the two; an optimizer step likewise. It binds
+    where the device work per op is small: little micro-batches of an eager runtime, and MoE layers with many
+    local experts, whose every expert GEMM (and, under fp8, its input quantization) is its own launch.
+    Default: measured by ``meshplan calibrate`` on an H200 server, eager PyTorch (61 us;
+    benchmarks/results/h200-local.toml), taken for every GPU until a device is calibrated; 0 on CPUs, where
+    dispatch precedes each op (``op_overhead_s``)."""
     dtensor_overhead_s: float = 0.0
     """Extra host time per op on DTensor-sharded (tensor-parallel) layers (s): sharding propagation and
     dispatch; measured by ``meshplan calibrate`` on CPUs."""
@@ -73,6 +76,10 @@ class Calibration:
         return replace(self, **kw)
 
 
+# Physical defaults of a generation that differ from the field defaults: a CPU issues nothing ahead of its work
+# (its dispatch is op_overhead_s, paid before each op), so it has no host floor.
+GENERATION_DEFAULTS = {"cpu": {"host_op_s": 0.0}}
+
 FITTED_FIELDS = ("gemm_eff", "fp8_eff", "attn_eff", "moe_eff")
 
 
@@ -87,11 +94,13 @@ def _fitted() -> dict[str, dict[str, float]]:
 
 def calibration_for(gpu_name: str, generation: str, table: dict[str, dict[str, float]] | None = None,
                     measured: tuple[tuple[str, float], ...] = ()) -> Calibration:
-    """The calibration of a GPU: field defaults, overridden by the fitted table's ``default`` section, then its
+    """The calibration of a GPU: field defaults and its generation's physical defaults, overridden by the fitted
+    table's ``default`` section, then its
     generation's section, then a section for this GPU model (a distinct part such as a power-capped SKU), then
     constants measured on the device itself (``meshplan calibrate``)."""
     table = _fitted() if table is None else table
-    values = {**table.get("default", {}), **table.get(generation, {}), **table.get(gpu_name, {}),
+    values = {**GENERATION_DEFAULTS.get(generation, {}), **table.get("default", {}), **table.get(generation, {}),
+              **table.get(gpu_name, {}),
               **dict(measured)}
     known = {f.name for f in fields(Calibration)}
     bad = set(values) - known

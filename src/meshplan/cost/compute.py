@@ -79,16 +79,16 @@ def layer_compute(ops: LayerOps, *, gpu: GPUSpec, calib: Calibration, dtype: str
         att, att_bwd = attention_time(ops.attn_flops, gpu=gpu, calib=calib, dtype=dtype), 2.5
     # Host overhead that does not overlap (CPUs): every forward op once, the backward about twice as many.
     host = ops.n_ops * (calib.op_overhead_s + (calib.dtensor_overhead_s if sharded else 0.0))
-    return host_bound((fwd + att + ew + host, bi + att_bwd * att + 2 * ew + 1.5 * host, bw + 0.5 * host),
-                      ops.n_ops, calib)
+    return fwd + att + ew + host, bi + att_bwd * att + 2 * ew + 1.5 * host, bw + 0.5 * host
 
 
-def host_bound(times: tuple[float, float, float], n_ops: int, calib: Calibration) -> tuple[float, float, float]:
-    """(forward, backward-input, backward-weight) no shorter than the host takes to issue their kernels on a GPU
-    (``host_op_s`` per op; the backward issues about twice the forward's ops, split 3:1 like the host term
-    above): asynchronous launches overlap the device, so the slower of the two sets the pace."""
+def host_excess(device_f: float, device_b: float, n_ops: int, calib: Calibration, *,
+                replayed: int = 0) -> tuple[float, float]:
+    """(forward, backward) seconds a layer waits on the host on a GPU: launches are asynchronous, so the host
+    issues a layer's ops while the device computes or waits on its exposed communication, and the layer takes
+    the longer of the two (``host_op_s`` per op; the backward issues twice the forward's ops, plus the
+    ``replayed`` ops of a recompute). 0 when the host keeps ahead, or is not modelled."""
     if not calib.host_op_s:
-        return times
-    f, bi, bw = times
+        return 0.0, 0.0
     h = n_ops * calib.host_op_s
-    return max(f, h), max(bi, 1.5 * h), max(bw, 0.5 * h)
+    return max(h - device_f, 0.0), max((2 * n_ops + replayed) * calib.host_op_s - device_b, 0.0)

@@ -138,8 +138,19 @@ def optimizer_time(dense: float, expert: float, *, plan: Plan, hbm_bandwidth: fl
     shard = plan.zero_group
     eshard = _expert_group(plan) if plan.zero >= 1 else 1
     local = dense / shard + expert / eshard
-    ops = n_tensors * ADAM_OPS_PER_TENSOR
+    ops = fused_adam_launches(n_tensors, local) if plan.fused_optimizer else n_tensors * ADAM_OPS_PER_TENSOR
     return max(30.0 * local / (hbm_bandwidth * mem_eff), ops * host_floor_s) + ops * host_s
+
+
+# Multi-tensor apply (apex csrc/multi_tensor_apply.cuh, used by Megatron's and TE's FusedAdam): one launch covers
+# at most 36 tensors of a 4-list op (depth_to_max_tensors) and 320 chunks of 2048 x 32 elements
+# (depth_to_max_blocks, Megatron's chunk size); a step runs about three such ops (unscale and norm, Adam, copy).
+MTA_TENSORS, MTA_ELEMENTS, MTA_OPS = 36, 320 * 2048 * 32, 3
+
+
+def fused_adam_launches(n_tensors: int, local_params: float) -> int:
+    """Kernel launches of one multi-tensor-apply optimizer step on a rank."""
+    return MTA_OPS * max(-(-n_tensors // MTA_TENSORS), int(-(-local_params // MTA_ELEMENTS)), 1)
 
 
 def cross_pool_reduce(shard_bytes: float, *, pools: int, link: GroupLink, calib: Calibration) -> float:

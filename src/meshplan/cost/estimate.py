@@ -30,6 +30,8 @@ class RankCost:
     """Forward + backward compute (s)."""
     recompute: float
     """Recompute part of compute (s)."""
+    host_wait: float
+    """Part of compute the device waits on the host (s)."""
     tp: float
     """Exposed TP (s)."""
     cp: float
@@ -151,7 +153,7 @@ def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCo
                          n_tensors=n_tensors, host_s=host,
                          host_floor_s=ctx.calib.host_op_s)
     return RankCost(compute=sum(c.fwd + c.bwd_input + c.bwd_weight for c in rows),
-                    recompute=sum(c.recompute for c in rows), tp=sum(c.tp_f + c.tp_b for c in rows),
+                    recompute=sum(c.recompute for c in rows), host_wait=sum(c.host_wait for c in rows), tp=sum(c.tp_f + c.tp_b for c in rows),
                     cp=sum(c.cp_f + c.cp_b for c in rows), ep=sum(c.ep_f + c.ep_b for c in rows), dp=dp,
                     optimizer=opt, memory=mem)
 
@@ -246,6 +248,7 @@ def _assemble(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, times: Stag
     parts = dict(compute=rc.compute * m, tp_comm=rc.tp * m, cp_comm=rc.cp * m, ep_comm=rc.ep * m)
     scale = pipe.busy / max(sum(parts.values()) + fsdp, 1e-30)
     tb = TimeBreakdown(compute=parts["compute"] * scale, recompute=rc.recompute * m * scale,
+                       host_wait=rc.host_wait * m * scale,
                        tp_comm=parts["tp_comm"] * scale, cp_comm=parts["cp_comm"] * scale,
                        ep_comm=parts["ep_comm"] * scale, dp_comm=fsdp * scale + dp_step, bubble=pipe.bubble,
                        pp_comm=pipe.p2p, optimizer=opt, overhead=overhead)

@@ -152,11 +152,14 @@ def score_traffic(att: AttentionSpec, *, tokens: int, kv_len: int, tp: int) -> f
     return 11.0 * tokens * kv_len * att.n_heads / tp
 
 
-def op_count(layer: LayerSpec, gemms: list[Gemm], *, fused: bool) -> int:
+def op_count(layer: LayerSpec, gemms: list[Gemm], *, fused: bool, fp8: bool = False) -> int:
     """Kernels of one layer's forward. Fused (TE, torch.compile): one per norm, activation, residual add and
     RoPE; eager PyTorch: RMSNorm ~6 ops (pow, mean, add, rsqrt, mul, mul), SiLU-and-multiply 2, complex RoPE
-    ~4 per tensor (counted from the eager decompositions)."""
+    ~4 per tensor (counted from the eager decompositions). Under fp8 every weight GEMM copy first quantizes
+    its input (Transformer Engine quantizes each expert's split on its own, grouped_linear.py)."""
     n = sum(g.count for g in gemms) + (1 if layer.attention is not None else 0)
+    if fp8:
+        n += sum(g.count for g in gemms if g.linear)
     if fused:
         return n + 2 + 1 + 2 + (2 if layer.attention is not None else 0)
     return n + 2 * 6 + 2 + 2 + (8 if layer.attention is not None else 0)
@@ -181,6 +184,6 @@ def layer_ops(layer: LayerSpec, *, tokens: int, plan: Plan, seq: int = 0, dtype_
     if not plan.fused_kernels:
         gemms = [replace(g, cast_pass=True) for g in gemms]
     return LayerOps(gemms=tuple(gemms), attn_flops=attn, tokens=tokens,
-                    n_ops=op_count(layer, gemms, fused=plan.fused_kernels),
+                    n_ops=op_count(layer, gemms, fused=plan.fused_kernels, fp8=plan.precision == "fp8"),
                     n_params=len(gemms) + 2 + (4 if layer.bias else 0), score_bytes=score_bytes,
                     elementwise_bytes=elementwise_bytes(layer, tokens=tokens, plan=plan, dtype_bytes=dtype_bytes))

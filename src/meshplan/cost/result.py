@@ -33,6 +33,10 @@ class StageTimes:
         return len(self.fwd)
 
 
+INSIDE_COMPUTE = ("recompute", "host_wait")
+"""TimeBreakdown fields that say what part of ``compute`` went where (not added to the step)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TimeBreakdown:
     """Where one optimizer step's time goes on the critical path (s). Sums to the step time."""
@@ -41,6 +45,8 @@ class TimeBreakdown:
     """Forward + backward compute of the busiest pipeline rank, recompute included."""
     recompute: float = 0.0
     """Part of compute spent recomputing activations (informative; already inside compute)."""
+    host_wait: float = 0.0
+    """Part of compute the device idles while the host issues ops (informative; already inside compute)."""
     bubble: float = 0.0
     """Pipeline fill/drain idle time."""
     tp_comm: float = 0.0
@@ -59,8 +65,8 @@ class TimeBreakdown:
     """Fixed per-step framework overhead (launch, data loading, logging)."""
 
     def total(self) -> float:
-        """Step time: every component except ``recompute`` (already part of compute)."""
-        return sum(getattr(self, f.name) for f in fields(self) if f.name != "recompute")
+        """Step time: every component except ``recompute`` and ``host_wait`` (already part of compute)."""
+        return sum(getattr(self, f.name) for f in fields(self) if f.name not in INSIDE_COMPUTE)
 
     def as_dict(self) -> dict:
         """Plain dict (s)."""

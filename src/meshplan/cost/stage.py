@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from meshplan.cost.calib import Calibration
 from meshplan.cost.comm import Links, collective_time
-from meshplan.cost.compute import gemm_time, layer_compute, memory_time
+from meshplan.cost.compute import gemm_time, host_excess, layer_compute, memory_time
 from meshplan.cost.memory import act_bytes_per_token, layer_params, layer_recompute_mode
 from meshplan.cost.ops import Gemm, LayerOps, layer_ops, rope_elements
 from meshplan.spec.hardware import GPUSpec
@@ -64,6 +64,8 @@ class LayerCost:
     """Activations of the layer without recompute (live while it is recomputed) (bytes)."""
     n_params: int = 0
     """Parameter tensors of the layer."""
+    host_wait: float = 0.0
+    """Part of fwd + bwd the device waits for the host to issue the layer's ops (s)."""
 
 
 def tokens_of(block: BlockSpec, plan: Plan) -> int:
@@ -170,10 +172,29 @@ def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:
     per_tok = act_bytes_per_token(layer, plan, recompute=mode)
     full_tok = act_bytes_per_token(layer, plan, recompute="none")
     ep = ep_comm(layer, ops, ctx)
-    return LayerCost(fwd=f, bwd_input=bi + rec, bwd_weight=bw, recompute=rec, tp_f=tp_f,
-                     tp_b=tp_b + (tp_f if full else 0.0), cp_f=cp_f, cp_b=cp_b + (cp_f if full else 0.0),
-                     ep_f=ep, ep_b=ep + (ep if full else 0.0), act_bytes=per_tok * ops.tokens,
-                     full_act_bytes=full_tok * ops.tokens, n_params=ops.n_params)
+    tp_b, cp_b, ep_b = tp_b + (tp_f if full else 0.0), cp_b + (cp_f if full else 0.0), ep + (ep if full else 0.0)
+    wait_f, wait_b = host_excess(f + tp_f + cp_f + ep, bi + rec + bw + tp_b + cp_b + ep_b, ops.n_ops, ctx.calib,
+                                 replayed=replayed_ops(layer, ops, mode, plan.selective_policy))
+    f, bi, bw = f + wait_f, bi + 0.75 * wait_b, bw + 0.25 * wait_b
+    return LayerCost(fwd=f, bwd_input=bi + rec, bwd_weight=bw, recompute=rec, tp_f=tp_f, tp_b=tp_b, cp_f=cp_f,
+                     cp_b=cp_b, ep_f=ep, ep_b=ep_b, act_bytes=per_tok * ops.tokens,
+                     full_act_bytes=full_tok * ops.tokens, n_params=ops.n_params, host_wait=wait_f + wait_b)
+
+
+def replayed_ops(layer: LayerSpec, ops: LayerOps, mode: str, policy: str) -> int:
+    """Ops a recompute issues again in the backward: the whole forward (full), the attention core (selective),
+    every other weight GEMM and the elementwise ops (torchtitan's per-op policy), or the MLA up-projections
+    and RoPE (``mla_up_proj``)."""
+    if mode == "full":
+        return ops.n_ops
+    if mode != "selective" or layer.attention is None:
+        return 0
+    gemm_ops = sum(g.count for g in ops.gemms)
+    if policy == "op":
+        return ops.n_ops - gemm_ops + gemm_ops // 2
+    if policy == "mla_up_proj":
+        return sum(1 for g in ops.gemms if g.name in ("q_up", "q", "kv_up")) + 1 if layer.attention.kind == "mla" else 0
+    return 1
 
 
 def mla_up_proj_replay(layer: LayerSpec, ops: LayerOps, ctx: Ctx) -> float:

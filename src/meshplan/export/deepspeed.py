@@ -41,6 +41,8 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
             notes.append(f"dp_shard={plan.shard_group} < dp={plan.dp}: DeepSpeed shards ZeRO-{plan.zero} over all "
                          "data-parallel ranks (hierarchical sharding is MiCS, ZeRO-3 only)")
     cfg["zero_optimization"] = zero
+    if not plan.fused_optimizer:
+        notes.append("fused_optimizer=false: the exported optimizer is DeepSpeed's default multi-tensor FusedAdam")
     if plan.recompute != "none":
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                            "cpu_checkpointing": False}

@@ -178,6 +178,8 @@ def megatron_args(model: ModelSpec, plan: Plan) -> tuple[Args, tuple[str, ...]]:
     par, n2 = _parallel_args(model, plan)
     pipe, n3 = _pipeline_args(model, plan)
     mem, n4 = _batch_and_memory_args(plan)
+    if not plan.fused_optimizer:
+        n4 = n4 + ["fused_optimizer=false: Megatron-LM's Adam is always multi-tensor (TE/apex FusedAdam)"]
     args = shape + _mla_args(model) + _moe_args(model, plan) + par + pipe + mem + _precision_args(plan)
     return args, tuple(n1 + n2 + n3 + n4)
 

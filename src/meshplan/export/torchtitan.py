@@ -170,6 +170,9 @@ def job_sections(model: ModelSpec, plan: Plan, *, head: str = "output") -> tuple
     doc: dict = {"job": {"description": f"meshplan {model.name} on {plan.n_gpus} GPUs"},
                  "model": {"name": tm.name, "flavor": tm.flavor}, "training": tr, "parallelism": par,
                  "activation_checkpoint": ac}
+    # Plan.fused_optimizer: torchtitan's [optimizer] implementation ("fused" is its default; "for-loop" is
+    # torch's per-tensor path).
+    doc["optimizer"] = {"name": "AdamW", "implementation": "fused" if plan.fused_optimizer else "for-loop"}
     if plan.precision == "fp8":
         doc["model"]["converters"] = ["quantize.linear.float8"]
         fp8: dict = {"recipe_name": "tensorwise"}

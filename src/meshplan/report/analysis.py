@@ -14,11 +14,14 @@ SAME_TIME = 0.005
 """Step times within 0.5 % count as equal (below the cost model's resolution)."""
 SAME_MEMORY = 0.05 * GIB
 """Peak memories within 0.05 GiB count as equal."""
-COMPONENT_NAMES = {"compute": "compute", "recompute": "recompute (inside compute)", "bubble": "pipeline bubble",
+COMPONENT_NAMES = {"compute": "compute", "recompute": "recompute (inside compute)",
+                   "host_wait": "waiting on the host (inside compute)", "bubble": "pipeline bubble",
                    "tp_comm": "TP communication", "cp_comm": "CP communication", "ep_comm": "EP all-to-all",
                    "pp_comm": "pipeline sends", "dp_comm": "DP/ZeRO communication", "optimizer": "optimizer step",
                    "overhead": "fixed overhead"}
 """Readable name of each TimeBreakdown field."""
+HOST_HINT = 0.05
+"""Host-wait share of the step above which the report names it."""
 BUBBLE_HINT = 0.05
 """Bubble share of the step above which the report suggests how to shrink it."""
 ZERO_BUBBLE = ("zb_h1", "zbv", "dualpipev")
@@ -85,6 +88,10 @@ def limiters(rep: Report) -> list[str]:
         imb = _imbalance_sentence(rep)
         if imb:
             out.append(imb)
+    if est.time.host_wait > HOST_HINT * step:
+        out.append(f"the device waits {est.time.host_wait:.3f} s ({100 * est.time.host_wait / step:.1f} % of the "
+                   "step) for the host to issue kernels: larger micro-batches, fewer local experts or CUDA graphs "
+                   "would hide it")
     if est.time.recompute > 0:
         out.append(f"recompute ({rep.plan.recompute}) costs {est.time.recompute:.3f} s "
                    f"({100 * est.time.recompute / step:.1f} % of the step)")

@@ -3,6 +3,7 @@ the step-time/memory Pareto front. plotly is imported lazily (the ``report`` ext
 
 from __future__ import annotations
 
+from meshplan.cost.result import INSIDE_COMPUTE
 from meshplan.errors import MeshplanError
 from meshplan.report.analysis import GIB, comparisons, component_name, layout_text, time_shares
 from meshplan.report.data import Report
@@ -86,7 +87,7 @@ def time_figure(rep: Report):
     go = plotly_go()
     rows = list(reversed(time_shares(rep.estimate)))
     names = [component_name(k) for k, _, _ in rows]
-    colors = ["#BAB0AC" if k == "recompute" else "#4C78A8" if k == "compute" else "#E45756" for k, _, _ in rows]
+    colors = ["#BAB0AC" if k in INSIDE_COMPUTE else "#4C78A8" if k == "compute" else "#E45756" for k, _, _ in rows]
     fig = go.Figure(layout=_layout(go, f"Where the {rep.estimate.step_time:.3f} s step goes",
                                    height=120 + 30 * len(rows)))
     fig.add_trace(go.Bar(orientation="h", y=names, x=[v for _, v, _ in rows], marker_color=colors,

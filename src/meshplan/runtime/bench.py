@@ -151,12 +151,14 @@ def bench_dtensor_overhead(*, device: torch.device) -> float:
 
 
 HOST_STEP = {"model": "small-llama", "plan": {"global_batch": 8, "seq_len": 128, "micro_batch": 1,
-                                               "precision": "bf16", "fused_kernels": False}}
+                                               "precision": "bf16", "fused_kernels": False,
+                                               "fused_optimizer": False}}
 """The tiny training step whose time on a GPU is the host's: 8 micro-batches of a 256-wide model."""
 
 
 SYNC_STEP = {"model": "probe-llama", "plan": {"global_batch": 4, "seq_len": 192, "micro_batch": 2,
-                                               "precision": "fp32", "sp": True}}
+                                               "precision": "fp32", "sp": True,
+                                               "fused_optimizer": False}}
 """The step that calibrates the synchronisation per blocking collective on CPUs: tensor + sequence parallel over
 the whole world, ~16 blocking collectives per layer and micro-batch (tp = world is filled in)."""
 

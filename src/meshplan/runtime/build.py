@@ -174,6 +174,15 @@ def uses_bf16(plan, device_type: str) -> bool:
     return plan.precision == "bf16" and device_type == "cuda"
 
 
+def _mesh_groups(part: torch.nn.Module) -> list[dict]:
+    """The part's parameters as one AdamW group per device mesh (plain tensors on their own): a multi-tensor
+    (foreach) kernel cannot mix DTensors of different meshes with plain tensors."""
+    groups: dict[int, list] = {}
+    for p in part.parameters():
+        groups.setdefault(id(getattr(p, "device_mesh", None)), []).append(p)  # by identity: no tensor reads
+    return [{"params": ps} for ps in groups.values()]
+
+
 def build_trainer(cfg: RunConfig, spec: ModelSpec, meshes: Meshes, device: torch.device, *,
                   bf16: bool | None = None, ep_mesh: DeviceMesh | None = None) -> Trainer:
     """Build, wire and parallelize this rank's parts; create optimizers and the schedule. ``bf16``: compute in
@@ -195,8 +204,9 @@ def build_trainer(cfg: RunConfig, spec: ModelSpec, meshes: Meshes, device: torch
         # Later pipeline stages see sequence-parallel shards, so positions cannot come from the input's length.
         part.positions = positions
         parts.append(parallelize(part, meshes, ignored=ignored, bf16=bf16))
-    optimizers = tuple(torch.optim.AdamW(p.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                                         foreach=False) for p in parts)
+    # Plan.fused_optimizer: torch's multi-tensor (foreach) AdamW, or its per-tensor loop.
+    optimizers = tuple(torch.optim.AdamW(_mesh_groups(p), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                                         foreach=plan.fused_optimizer) for p in parts)
     schedule = None
     if plan.pp > 1:
         schedule = build_schedule(plan=plan, parts=parts, stage_ids=stage_ids, device=device,

@@ -48,6 +48,8 @@ class CheckSpace:
     """Compute precision of every plan (fp32 on a CPU)."""
     fused_kernels: bool = False
     """The runtime is eager PyTorch: elementwise ops are not fused."""
+    fused_optimizer: bool = False
+    """AdamW's per-tensor loop, the path the stored closed-loop measurements ran."""
 
 
 def _factorizations(world: int) -> list[tuple[int, int, int]]:
@@ -88,7 +90,8 @@ def enumerate_plans(model: ModelSpec, space: CheckSpace) -> list[Plan]:
         for mb, rc in product(_micro_batches(space, lay["dp"], lay["pp"]), space.recompute):
             try:
                 plan = Plan(global_batch=space.global_batch, seq_len=space.seq_len, micro_batch=mb,
-                            recompute=rc, precision=space.precision, fused_kernels=space.fused_kernels, **lay)
+                            recompute=rc, precision=space.precision, fused_kernels=space.fused_kernels,
+                            fused_optimizer=space.fused_optimizer, **lay)
             except Exception:  # noqa: BLE001 - an invalid combination is simply not a plan
                 continue
             if plan_violations(model, cluster, plan) or check_runtime_support(model, plan) or \

@@ -6,6 +6,7 @@ from __future__ import annotations
 from io import StringIO
 
 from meshplan.cost.memory import GiB
+from meshplan.cost.result import INSIDE_COMPUTE
 from meshplan.search.result import RankedPlan, SearchResult
 
 COMM = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
@@ -69,12 +70,11 @@ def result_json(result: SearchResult) -> dict:
 def where_time_goes(rp: RankedPlan, n: int = 4) -> str:
     """The largest components of the winner's step."""
     t = rp.best.time.as_dict()
-    t.pop("recompute")
+    inside = {k: t.pop(k) for k in INSIDE_COMPUTE}
     step = rp.step_time
     top = sorted(t.items(), key=lambda kv: -kv[1])[:n]
     text = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s ({100 * v / step:.0f} %)" for k, v in top if v > 0)
-    rec = rp.best.time.recompute
-    return text + (f"; recompute {rec:.2f} s inside compute" if rec > 0 else "")
+    return text + "".join(f"; {k.replace('_', ' ')} {v:.2f} s inside compute" for k, v in inside.items() if v > 0)
 
 
 def what_limits(rp: RankedPlan, limit_fraction: float) -> str:

@@ -72,6 +72,10 @@ class Plan:
     attention kept; layers without MLA recompute nothing)."""
     fused_kernels: bool = True
     """Elementwise ops run fused (Megatron/TE kernels or torch.compile); False = eager PyTorch."""
+    fused_optimizer: bool = True
+    """The optimizer step runs as multi-tensor kernels (Megatron/TE/apex FusedAdam, DeepSpeed FusedAdam,
+    torch AdamW ``foreach``/``fused``, torchtitan's default); False = torch's per-tensor loop
+    (``foreach=False``), a dozen launches per parameter tensor."""
     flash_attention: bool = True
     """Attention runs as one fused flash kernel (Dao et al. 2022); False = separate QK^T, softmax and AV
     kernels that materialize the score matrix (Megatron-LM before 2023)."""
