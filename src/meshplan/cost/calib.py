@@ -95,13 +95,11 @@ def _fitted() -> dict[str, dict[str, float]]:
 def calibration_for(gpu_name: str, generation: str, table: dict[str, dict[str, float]] | None = None,
                     measured: tuple[tuple[str, float], ...] = ()) -> Calibration:
     """The calibration of a GPU: field defaults and its generation's physical defaults, overridden by the fitted
-    table's ``default`` section, then its
-    generation's section, then a section for this GPU model (a distinct part such as a power-capped SKU), then
-    constants measured on the device itself (``meshplan calibrate``)."""
+    table's ``default`` section, then its generation's section, then a section for this GPU model (a distinct
+    part such as a power-capped SKU), then constants measured on the device itself (``meshplan calibrate``)."""
     table = _fitted() if table is None else table
     values = {**GENERATION_DEFAULTS.get(generation, {}), **table.get("default", {}), **table.get(generation, {}),
-              **table.get(gpu_name, {}),
-              **dict(measured)}
+              **table.get(gpu_name, {}), **dict(measured)}
     known = {f.name for f in fields(Calibration)}
     bad = set(values) - known
     if bad:

@@ -153,7 +153,8 @@ def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCo
                          n_tensors=n_tensors, host_s=host,
                          host_floor_s=ctx.calib.host_op_s)
     return RankCost(compute=sum(c.fwd + c.bwd_input + c.bwd_weight for c in rows),
-                    recompute=sum(c.recompute for c in rows), host_wait=sum(c.host_wait for c in rows), tp=sum(c.tp_f + c.tp_b for c in rows),
+                    recompute=sum(c.recompute for c in rows), host_wait=sum(c.host_wait for c in rows),
+                    tp=sum(c.tp_f + c.tp_b for c in rows),
                     cp=sum(c.cp_f + c.cp_b for c in rows), ep=sum(c.ep_f + c.ep_b for c in rows), dp=dp,
                     optimizer=opt, memory=mem)
 

@@ -193,7 +193,8 @@ def replayed_ops(layer: LayerSpec, ops: LayerOps, mode: str, policy: str) -> int
     if policy == "op":
         return ops.n_ops - gemm_ops + gemm_ops // 2
     if policy == "mla_up_proj":
-        return sum(1 for g in ops.gemms if g.name in ("q_up", "q", "kv_up")) + 1 if layer.attention.kind == "mla" else 0
+        mla = layer.attention.kind == "mla"
+        return sum(1 for g in ops.gemms if g.name in ("q_up", "q", "kv_up")) + 1 if mla else 0
     return 1
 
 
