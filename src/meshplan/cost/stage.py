@@ -175,6 +175,7 @@ def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:
     tp_b, cp_b, ep_b = tp_b + (tp_f if full else 0.0), cp_b + (cp_f if full else 0.0), ep + (ep if full else 0.0)
     wait_f, wait_b = host_excess(f + tp_f + cp_f + ep, bi + rec + bw + tp_b + cp_b + ep_b, ops.n_ops, ctx.calib,
                                  replayed=replayed_ops(layer, ops, mode, plan.selective_policy))
+    # The backward's wait splits 3:1 between input and weight gradients, as its ops do (layer_compute's host term).
     f, bi, bw = f + wait_f, bi + 0.75 * wait_b, bw + 0.25 * wait_b
     return LayerCost(fwd=f, bwd_input=bi + rec, bwd_weight=bw, recompute=rec, tp_f=tp_f, tp_b=tp_b, cp_f=cp_f,
                      cp_b=cp_b, ep_f=ep, ep_b=ep_b, act_bytes=per_tok * ops.tokens,
@@ -195,7 +196,7 @@ def replayed_ops(layer: LayerSpec, ops: LayerOps, mode: str, policy: str) -> int
     if policy == "mla_up_proj":
         mla = layer.attention.kind == "mla"
         return sum(1 for g in ops.gemms if g.name in ("q_up", "q", "kv_up")) + 1 if mla else 0
-    return 1
+    return 1  # the attention core: one fused kernel (flash attention), as op_count counts it
 
 
 def mla_up_proj_replay(layer: LayerSpec, ops: LayerOps, ctx: Ctx) -> float:
