@@ -34,8 +34,8 @@ def test_cpu_has_no_host_floor_and_gpus_do():
     assert calibration_for("b200", "blackwell").host_op_s == pytest.approx(6.123e-5)
 
 
-def test_fp8_counts_a_quantize_launch_per_expert():
-    # DeepSeek-V3's MoE layer with 32 local experts: every expert GEMM copy quantizes its own input under fp8.
+def test_fp8_counts_a_host_op_per_expert_weight():
+    # DeepSeek-V3's MoE layer with 32 local experts: under fp8 every expert GEMM copy also fetches its fp8 weight.
     model = catalog.model("deepseek-v3")
     layer = model.blocks[-1].layer
     bf16 = Plan(global_batch=8, seq_len=4096, ep=8, dp=8)

@@ -19,8 +19,8 @@ def test_accuracy_bounds(runs_csv):
 
 
 def test_many_local_experts_are_host_bound(runs_csv):
-    # DeepSeek-V3 on B200 with ep 8 holds 32 experts per GPU: each expert GEMM and, under MXFP8, its input
-    # quantization is a launch of its own, so the host's issue time, not the device, paces the MoE layers
+    # DeepSeek-V3 on B200 with ep 8 holds 32 experts per GPU: each expert GEMM and, under MXFP8, its
+    # weight cast is an op of its own, so the host's issue time, not the device, paces the MoE layers
     # (-32 % before the host floor). Its GB200 twin (ep 64, 4 local experts, bf16) stays device-bound.
     rows = {r.id: r for r in validate_csv(runs_csv).rows}
     assert abs(rows["mbridge2511-deepseek-v3-b200-256g"].error_pct) <= 15.0

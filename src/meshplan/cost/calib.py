@@ -51,7 +51,7 @@ class Calibration:
     ahead asynchronously, so the host issues a layer's ops while the device computes or waits on the layer's
     exposed communication, and the layer takes the longer of the two; an optimizer step likewise. It binds
     where the device work per op is small: little micro-batches of an eager runtime, and MoE layers with many
-    local experts, whose every expert GEMM (and, under fp8, its input quantization) is its own launch.
+    local experts, whose every expert GEMM (and, under fp8, its weight cast) is an op of its own.
     Default: measured by ``meshplan calibrate`` on an H200 server, eager PyTorch (61 us;
     benchmarks/results/h200-local.toml), taken for every GPU until a device is calibrated; 0 on CPUs, where
     dispatch precedes each op (``op_overhead_s``)."""

@@ -155,8 +155,9 @@ def score_traffic(att: AttentionSpec, *, tokens: int, kv_len: int, tp: int) -> f
 def op_count(layer: LayerSpec, gemms: list[Gemm], *, fused: bool, fp8: bool = False) -> int:
     """Kernels of one layer's forward. Fused (TE, torch.compile): one per norm, activation, residual add and
     RoPE; eager PyTorch: RMSNorm ~6 ops (pow, mean, add, rsqrt, mul, mul), SiLU-and-multiply 2, complex RoPE
-    ~4 per tensor (counted from the eager decompositions). Under fp8 every weight GEMM copy first quantizes
-    its input (Transformer Engine quantizes each expert's split on its own, grouped_linear.py)."""
+    ~4 per tensor (counted from the eager decompositions). Under fp8 every weight GEMM copy adds one host op:
+    a Transformer Engine linear quantizes its input, and GroupedLinear fetches each expert's fp8 weight
+    workspace in a Python loop, every micro-batch (module/grouped_linear.py, get_weight_workspace)."""
     n = sum(g.count for g in gemms) + (1 if layer.attention is not None else 0)
     if fp8:
         n += sum(g.count for g in gemms if g.linear)
