@@ -116,3 +116,5 @@ def test_runtime_accepts_every_layout_the_planner_can_choose_and_says_why_not_ot
         "with etp=tp the experts fold inside cp*dp: ep=4 must divide cp*dp=2"]
     assert check_runtime_support(llama, _plan(recompute="selective", selective_policy="op")) == [
         "selective_policy=op: the runtime's selective recompute is the attention core (selective_policy=attention)"]
+    assert check_runtime_support(llama, _plan(optimizer_dtype="bf16")) == [
+        "grad_dtype=fp32, optimizer_dtype=bf16: the runtime keeps gradients and AdamW states in fp32"]

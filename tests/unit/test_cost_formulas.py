@@ -53,6 +53,20 @@ def test_zero_paper_bytes_per_parameter():
     assert bytes_per_param(Plan(global_batch=1, seq_len=1, precision="fp16")) == (2.0, 2.0, 12.0)
 
 
+def test_precision_aware_optimizer_bytes_per_parameter():
+    # Megatron bf16: fp32 main grads (4) and fp32 master + moments (12); its precision-aware optimizer with bf16
+    # main grads and moments (the DeepSeek-V3 recipes): 2 + 2 + (4 + 2 + 2). FSDP2 keeps the fp32 master as the
+    # parameter: moments only. The Adam step moves 30 bytes per parameter in fp32, 20 with both in bf16.
+    from meshplan.cost.dp import adam_bytes
+
+    base = Plan(global_batch=1, seq_len=1, dp=8, zero=1)
+    half = base.with_(grad_dtype="bf16", optimizer_dtype="bf16")
+    assert bytes_per_param(base) == (2.0, 4.0, 12.0)
+    assert bytes_per_param(half) == (2.0, 2.0, 8.0)
+    assert bytes_per_param(half.with_(zero=3)) == (4.0, 2.0, 4.0)
+    assert (adam_bytes(base), adam_bytes(half)) == (30.0, 20.0)
+
+
 def test_korthikanti_activations_with_sequence_parallel():
     # Korthikanti et al. 2022 Table 2, tp + sp, flash attention, no dropout: (34 - 2) s b h / t bytes per layer,
     # the 2 sbh of dropout masks absent; plus flash-attention's fp32 log-sum-exp (4 bytes x heads / t).

@@ -182,6 +182,24 @@ def test_optimizer_kernels_are_exported_or_flagged(fused):
     assert any("fused_optimizer" in n for n in ds_config(plan)[1]) != fused
 
 
+def test_optimizer_precision_is_exported_or_flagged():
+    # Megatron-LM's precision-aware optimizer carries bf16 main grads and moments; DeepSpeed only the gradient
+    # accumulation dtype; torchtitan neither.
+    from meshplan.export.deepspeed import ds_config
+    from meshplan.export.torchtitan import training
+
+    plan = Plan(global_batch=64, seq_len=4096, dp=8, zero=1, grad_dtype="bf16", optimizer_dtype="bf16")
+    args, notes = megatron_args(catalog.model("llama3-8b"), plan)
+    d = dict(args)
+    assert "--use-precision-aware-optimizer" in d and d["--main-grads-dtype"] == "bf16"
+    assert d["--exp-avg-dtype"] == d["--exp-avg-sq-dtype"] == "bf16" and not notes
+    cfg, ds_notes = ds_config(plan)
+    assert cfg["data_types"] == {"grad_accum_dtype": "bf16"} and any("optimizer_dtype" in n for n in ds_notes)
+    assert any("optimizer_dtype" in n for n in training(plan)[1])
+    assert "--use-precision-aware-optimizer" not in dict(megatron_args(catalog.model("llama3-8b"),
+                                                                       Plan(global_batch=64, seq_len=4096))[0])
+
+
 # ---------------------------------------------------------------- torchtitan
 def test_torchtitan_fsdp_toml():
     res = render("tt2412-t3-8b-fsdp-128g", "torchtitan")

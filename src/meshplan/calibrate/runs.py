@@ -246,6 +246,16 @@ def framework_recompute(row: dict, plan: Plan) -> Plan:
     return plan.with_(recompute="selective", selective_policy=policy) if policy else plan
 
 
+def framework_optimizer(row: dict, plan: Plan) -> Plan:
+    """Optimizer precision a framework recipe pins: Megatron-Bridge's DeepSeek-V3 recipe
+    (recipes/deepseek/deepseek_v3.py) runs the precision-aware optimizer with bf16 main gradients and bf16 Adam
+    moments (``main_grads_dtype``, ``exp_avg_dtype``, ``exp_avg_sq_dtype``; ``grad_reduce_in_fp32=False``)."""
+    name = (row.get("model") or "").lower().replace("-", "")
+    if "megatron-bridge" not in (row.get("source") or "").lower() or "deepseekv3" not in name:
+        return plan
+    return plan.with_(grad_dtype="bf16", optimizer_dtype="bf16")
+
+
 def row_to_run(row: dict) -> Run:
     """Translate one CSV row; raises MeshplanError with the reason when it cannot be expressed."""
     missing = [k for k in REQUIRED if not (row.get(k) or "").strip()]
@@ -258,6 +268,7 @@ def row_to_run(row: dict) -> Run:
         model = infer_mtp(row, model, plan)
         plan = framework_split(row, model, plan)
         plan = framework_recompute(row, plan)
+        plan = framework_optimizer(row, plan)
         bad = plan_violations(model, cluster, plan)
     if bad:
         raise SpecError(row["id"], "layout", "; ".join(bad))

@@ -132,14 +132,23 @@ ADAM_OPS_PER_TENSOR = 10
 def optimizer_time(dense: float, expert: float, *, plan: Plan, hbm_bandwidth: float, mem_eff: float,
                    n_tensors: int = 0, host_s: float = 0.0, host_floor_s: float = 0.0) -> float:
     """Adam step, memory-bound: read fp32 master, m, v and gradient, write master, m, v and the 16-bit weight
-    (30 bytes per locally owned parameter; multi-tensor apply), plus ``host_s`` of host overhead per op on
+    (``adam_bytes`` per locally owned parameter; multi-tensor apply), plus ``host_s`` of host overhead per op on
     ``n_tensors`` parameter tensors where it does not overlap (CPUs); on a GPU no shorter than issuing those
     ops at ``host_floor_s`` each (launches overlap the device: the slower sets the pace)."""
     shard = plan.zero_group
     eshard = _expert_group(plan) if plan.zero >= 1 else 1
     local = dense / shard + expert / eshard
     ops = fused_adam_launches(n_tensors, local) if plan.fused_optimizer else n_tensors * ADAM_OPS_PER_TENSOR
-    return max(30.0 * local / (hbm_bandwidth * mem_eff), ops * host_floor_s) + ops * host_s
+    return max(adam_bytes(plan) * local / (hbm_bandwidth * mem_eff), ops * host_floor_s) + ops * host_s
+
+
+def adam_bytes(plan: Plan) -> float:
+    """HBM bytes the Adam step moves per locally owned parameter: read master, both moments and the gradient,
+    write master and moments, write the 16-bit weight (4+4+4+4 + 4+4+4 + 2 = 30 in fp32; bf16 moments and
+    gradients move 2 bytes each instead of 4)."""
+    m = 2.0 if plan.optimizer_dtype == "bf16" else 4.0
+    g = 2.0 if plan.grad_dtype == "bf16" else 4.0
+    return 4.0 + 2 * m + g + 4.0 + 2 * m + 2.0
 
 
 # Multi-tensor apply (apex csrc/multi_tensor_apply.cuh, used by Megatron's and TE's FusedAdam): one launch covers

@@ -68,15 +68,16 @@ def bytes_per_param(plan: Plan) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per parameter before sharding, mixed-precision Adam.
 
     ZeRO paper (Rajbhandari et al. 2020, sec. 3.1): 2 + 2 + 12 bytes (fp16 weights and grads; fp32 master,
-    momentum, variance). Megatron-LM accumulates and reduces bf16 gradients in fp32 (4 bytes); FSDP2
-    (zero 3) keeps fp32 sharded parameters as the master copy, so weights 4 and optimizer 8.
+    momentum, variance). Megatron-LM accumulates and reduces bf16 gradients in fp32 (4 bytes) unless
+    ``grad_dtype`` is bf16; its precision-aware optimizer keeps the moments in bf16 (``optimizer_dtype``:
+    2 + 2 instead of 4 + 4). FSDP2 (zero 3) keeps fp32 sharded parameters as the master copy, so weights 4
+    and optimizer the moments only.
     """
-    if plan.precision == "fp32":
-        return 4.0, 4.0, 8.0
-    if plan.zero == 3:
-        return 4.0, 4.0, 8.0
-    grads = 2.0 if plan.precision == "fp16" else 4.0
-    return 2.0, grads, 12.0
+    moments = 4.0 if plan.optimizer_dtype == "bf16" else 8.0
+    grads = 2.0 if plan.grad_dtype == "bf16" else 4.0
+    if plan.precision == "fp32" or plan.zero == 3:
+        return 4.0, grads, moments
+    return 2.0, 2.0 if plan.precision == "fp16" else grads, 4.0 + moments
 
 
 def act_bytes_per_token(layer: LayerSpec, plan: Plan, *, recompute: str) -> float:
@@ -253,7 +254,7 @@ def rank_memory(model: ModelSpec, plan: Plan, load: RankLoad, *, generation: str
     # accumulation) FSDP2 accumulates unsharded fp32 gradients and reduces them after the last backward.
     fsdp2, late = plan.zero == 3 or not plan.fused_kernels, 0.0
     if fsdp2 and plan.n_micro > 1 and (held or not plan.fused_kernels):
-        grads, late = pipelined_grads(plan, unsharded=(load.dense + load.expert) * 4.0, act=load.act,
+        grads, late = pipelined_grads(plan, unsharded=(load.dense + load.expert) * g, act=load.act,
                                       act_one=load.act_one,
                                       upcast=0.0 if plan.fused_kernels else 2.0 * largest_unit(model, plan, load))
     elif fsdp2 and plan.n_micro == 1:

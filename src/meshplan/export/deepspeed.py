@@ -43,6 +43,10 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
     cfg["zero_optimization"] = zero
     if not plan.fused_optimizer:
         notes.append("fused_optimizer=false: the exported optimizer is DeepSpeed's default multi-tensor FusedAdam")
+    if plan.grad_dtype == "bf16":
+        cfg["data_types"] = {"grad_accum_dtype": "bf16"}
+    if plan.optimizer_dtype == "bf16":
+        notes.append("optimizer_dtype=bf16: DeepSpeed's FusedAdam keeps fp32 moments; exported as fp32")
     if plan.recompute != "none":
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                            "cpu_checkpointing": False}

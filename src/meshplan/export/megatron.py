@@ -166,6 +166,23 @@ def _batch_and_memory_args(plan: Plan) -> tuple[Args, list[str]]:
     return args, notes
 
 
+def _optimizer_args(plan: Plan) -> tuple[Args, list[str]]:
+    """Megatron-LM's precision-aware optimizer for 16-bit gradients or Adam moments, and what it cannot say."""
+    args: Args = []
+    notes = [] if plan.fused_optimizer else [
+        "fused_optimizer=false: Megatron-LM's Adam is always multi-tensor (TE/apex FusedAdam)"]
+    if plan.grad_dtype == "bf16" or plan.optimizer_dtype == "bf16":
+        args.append(("--use-precision-aware-optimizer", None))
+        if plan.grad_dtype == "bf16":
+            args.append(("--main-grads-dtype", "bf16"))
+        if plan.optimizer_dtype == "bf16":
+            args += [("--exp-avg-dtype", "bf16"), ("--exp-avg-sq-dtype", "bf16")]
+        if plan.zero == 0:
+            notes.append("16-bit gradients or moments: Megatron-LM's precision-aware optimizer needs the "
+                         "distributed optimizer (zero >= 1)")
+    return args, notes
+
+
 def _precision_args(plan: Plan) -> Args:
     if plan.precision == "fp8":
         return [("--bf16", None), ("--fp8-format", "hybrid")]
@@ -178,10 +195,9 @@ def megatron_args(model: ModelSpec, plan: Plan) -> tuple[Args, tuple[str, ...]]:
     par, n2 = _parallel_args(model, plan)
     pipe, n3 = _pipeline_args(model, plan)
     mem, n4 = _batch_and_memory_args(plan)
-    if not plan.fused_optimizer:
-        n4 = n4 + ["fused_optimizer=false: Megatron-LM's Adam is always multi-tensor (TE/apex FusedAdam)"]
-    args = shape + _mla_args(model) + _moe_args(model, plan) + par + pipe + mem + _precision_args(plan)
-    return args, tuple(n1 + n2 + n3 + n4)
+    opt, n5 = _optimizer_args(plan)
+    args = shape + _mla_args(model) + _moe_args(model, plan) + par + pipe + mem + opt + _precision_args(plan)
+    return args, tuple(n1 + n2 + n3 + n4 + n5)
 
 
 def format_args(args: Args, *, indent: str = "    ") -> list[str]:

@@ -139,6 +139,9 @@ def training(plan: Plan) -> tuple[dict, list[str]]:
     notes = []
     if plan.precision == "fp16":
         notes.append("fp16: torchtitan trains in bf16 or fp32 only; exported as bf16 mixed precision")
+    if plan.grad_dtype != "fp32" or plan.optimizer_dtype != "fp32":
+        notes.append(f"grad_dtype={plan.grad_dtype}, optimizer_dtype={plan.optimizer_dtype}: torchtitan reduces "
+                     "gradients and keeps AdamW states in fp32; exported as fp32")
     return sec, notes
 
 

@@ -15,6 +15,7 @@ PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 CP_KINDS = ("ring", "a2a")
 SELECTIVE_POLICIES = ("attention", "op", "mla_up_proj")
 ZERO_GATHERS = ("unit", "param")
+STATE_DTYPES = ("fp32", "bf16")
 AXES = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
 
@@ -72,6 +73,13 @@ class Plan:
     attention kept; layers without MLA recompute nothing)."""
     fused_kernels: bool = True
     """Elementwise ops run fused (Megatron/TE kernels or torch.compile); False = eager PyTorch."""
+    grad_dtype: str = "fp32"
+    """Gradient buffers, accumulated over micro-batches and reduced: ``fp32`` (Megatron's main_grad, FSDP2's
+    reduce dtype) or ``bf16`` (Megatron ``--main-grads-dtype bf16``, the DeepSeek-V3 recipes'
+    ``grad_reduce_in_fp32=False``; fp16 training always keeps 16-bit gradients)."""
+    optimizer_dtype: str = "fp32"
+    """Adam's two moments: ``fp32``, or ``bf16`` (Megatron's precision-aware optimizer, ``--exp-avg-dtype`` and
+    ``--exp-avg-sq-dtype bf16``). The master weights stay fp32."""
     fused_optimizer: bool = True
     """The optimizer step runs as multi-tensor kernels (Megatron/TE/apex FusedAdam, DeepSpeed FusedAdam,
     torch AdamW ``foreach``/``fused``, torchtitan's default); False = torch's per-tensor loop
@@ -106,7 +114,8 @@ class Plan:
         if self.zero not in (0, 1, 2, 3):
             raise SpecError("plan.zero", self.zero, "must be 0, 1, 2 or 3")
         for name, opts in (("recompute", RECOMPUTE), ("precision", PRECISIONS), ("cp_kind", CP_KINDS),
-                           ("selective_policy", SELECTIVE_POLICIES), ("zero_gather", ZERO_GATHERS)):
+                           ("selective_policy", SELECTIVE_POLICIES), ("zero_gather", ZERO_GATHERS),
+                           ("grad_dtype", STATE_DTYPES), ("optimizer_dtype", STATE_DTYPES)):
             if getattr(self, name) not in opts:
                 raise SpecError(f"plan.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
         order = self.rank_order.split("-")
