@@ -67,6 +67,17 @@ def test_precision_aware_optimizer_bytes_per_parameter():
     assert (adam_bytes(base), adam_bytes(half)) == (30.0, 20.0)
 
 
+def test_mla_up_proj_recompute_frees_the_up_projected_qkv():
+    # Megatron's mla_up_proj recompute discards q, k and v (heads x (2 x 192 + 128) 16-bit values per token on
+    # DeepSeek-V3) after the attention core and keeps the compressed latents and the core's log-sum-exp.
+    layer = catalog.model("deepseek-v3").blocks[-1].layer
+    att = layer.attention
+    plan = Plan(global_batch=8, seq_len=4096, recompute="selective", selective_policy="mla_up_proj")
+    none = act_bytes_per_token(layer, plan, recompute="none")
+    up = act_bytes_per_token(layer, plan, recompute="selective")
+    assert none - up == pytest.approx(2.0 * att.n_heads * (2 * att.qk_dim + att.v_dim)) == 2.0 * 128 * 512
+
+
 def test_korthikanti_activations_with_sequence_parallel():
     # Korthikanti et al. 2022 Table 2, tp + sp, flash attention, no dropout: (34 - 2) s b h / t bytes per layer,
     # the 2 sbh of dropout masks absent; plus flash-attention's fp32 log-sum-exp (4 bytes x heads / t).

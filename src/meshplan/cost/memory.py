@@ -104,10 +104,14 @@ def act_bytes_per_token(layer: LayerSpec, plan: Plan, *, recompute: str) -> floa
     total = 0.0
     att = layer.attention
     if att is not None:
+        up_proj = recompute == "selective" and plan.selective_policy == "mla_up_proj" and att.kind == "mla"
         q_k_v = (att.n_heads * (att.qk_dim + att.v_dim) + att.n_kv_heads * att.qk_dim) if att.kind == "gqa" \
-            else att.n_heads * (2 * att.qk_dim + att.v_dim) + att.kv_lora_rank + att.q_lora_rank
+            else att.n_heads * (2 * att.qk_dim + att.v_dim) * (not up_proj) + att.kv_lora_rank + att.q_lora_rank
         total += 4.0 * h / h_div + 2.0 * q_k_v / tp + 2.0 * att.n_heads * att.v_dim / tp
-        if recompute != "selective":
+        # mla_up_proj frees the up-projected q, k and v once the attention core has run and recomputes them for
+        # its backward (Megatron MLA: CheckpointWithoutOutput.discard_output_and_register_recompute); the
+        # compressed latents stay, and so does the core's log-sum-exp, which is not recomputed.
+        if recompute != "selective" or up_proj:
             # Flash attention keeps only its fp32 log-sum-exp; the output is kept anyway as the input of the
             # output projection, so selective recompute frees just the statistics (measured by memcheck).
             # Unfused attention keeps its scores, softmax, dropout mask and output: 5 a s bytes per token
