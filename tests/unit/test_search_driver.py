@@ -6,6 +6,7 @@ import json
 import pytest
 
 from meshplan import catalog
+from meshplan.errors import SpecError
 from meshplan.search import SearchRequest, render_text, result_json, search
 
 
@@ -48,6 +49,19 @@ def test_pins_are_honoured():
     res = _best("llama2-13b", "32xa100-80gb", 128, 4096, pins={"tp": 4, "pp": 2, "schedule": "1f1b"})
     p = res.best.plan
     assert (p.tp, p.pp, p.schedule) == (4, 2, "1f1b")
+
+
+def test_optimizer_precision_reaches_every_plan_and_frees_memory():
+    # Megatron's precision-aware optimizer: bf16 gradients and moments on every candidate; the same pinned layout
+    # then needs less memory, and an unknown dtype is refused.
+    pins = {"tp": 2, "pp": 2, "micro_batch": 1, "recompute": "none", "zero": 1}
+    fp32 = _best("llama2-13b", "32xa100-80gb", 128, 4096, pins=pins).best
+    half = _best("llama2-13b", "32xa100-80gb", 128, 4096, pins=pins, grad_dtype="bf16", optimizer_dtype="bf16").best
+    assert (half.plan.grad_dtype, half.plan.optimizer_dtype) == ("bf16", "bf16")
+    assert half.plan.with_(grad_dtype="fp32", optimizer_dtype="fp32") == fp32.plan
+    assert half.estimate.peak_memory < fp32.estimate.peak_memory
+    with pytest.raises(SpecError, match="grad_dtype"):
+        SearchRequest(global_batch=8, seq_len=128, grad_dtype="fp16")
 
 
 def test_nothing_fits_reports_leanest_and_gpus_needed():

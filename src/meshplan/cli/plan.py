@@ -96,6 +96,9 @@ def register(app: typer.Typer) -> None:
         ep: int = typer.Option(0, "--ep", help="Pin the expert-parallel degree."),
         micro_batch: int = typer.Option(0, "--micro-batch", help="Pin the micro-batch size."),
         recompute: str = typer.Option("", "--recompute", help="Pin none, selective or full."),
+        grad_dtype: str = typer.Option("fp32", "--grad-dtype",
+                                       help="Gradient buffers: fp32, or bf16 (Megatron's precision-aware optimizer)."),
+        optimizer_dtype: str = typer.Option("fp32", "--optimizer-dtype", help="Adam moments: fp32 or bf16."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
         out: str = typer.Option("", "--out", help="Write the winner as a plan file (TOML)."),
     ) -> None:
@@ -109,6 +112,7 @@ def register(app: typer.Typer) -> None:
             pins["zero"] = zero
         prices = _prices(price)
         request = SearchRequest(global_batch=global_batch, seq_len=seq_len, precision=precision,
+                                grad_dtype=grad_dtype, optimizer_dtype=optimizer_dtype,
                                 max_memory_fraction=max_memory_fraction, objective="cost" if prices else "time",
                                 prices=prices, pins=pins, top=top, simulate=not no_sim)
         code = run_plan(model_ref=model, gpus=gpus, cluster_file=cluster, request=request, as_json=as_json, out=out)

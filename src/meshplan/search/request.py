@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.errors import SpecError
-from meshplan.spec.plan import PRECISIONS
+from meshplan.spec.plan import PRECISIONS, STATE_DTYPES
 
 OBJECTIVES = ("time", "cost")
 PIN_FIELDS = ("tp", "cp", "cp_kind", "pp", "vpp", "schedule", "dp", "zero", "dp_shard", "ep", "etp", "micro_batch",
@@ -25,6 +25,11 @@ class SearchRequest:
     """Tokens per sequence."""
     precision: str = "bf16"
     """Compute precision (``bf16``, ``fp16``, ``fp32``, ``fp8``)."""
+    grad_dtype: str = "fp32"
+    """Gradient buffers of every plan (``Plan.grad_dtype``): fp32, or bf16 under Megatron's precision-aware
+    optimizer."""
+    optimizer_dtype: str = "fp32"
+    """Adam moments of every plan (``Plan.optimizer_dtype``)."""
     max_memory_fraction: float = DEFAULT_MEMORY_FRACTION
     """Largest predicted peak per GPU as a share of its device memory (may exceed 1 to reproduce a layout)."""
     objective: str = "time"
@@ -53,6 +58,9 @@ class SearchRequest:
                 raise SpecError(f"request.{name}", v, "must be an integer >= 1")
         if self.precision not in PRECISIONS:
             raise SpecError("request.precision", self.precision, f"must be one of {', '.join(PRECISIONS)}")
+        for name in ("grad_dtype", "optimizer_dtype"):
+            if getattr(self, name) not in STATE_DTYPES:
+                raise SpecError(f"request.{name}", getattr(self, name), f"must be one of {', '.join(STATE_DTYPES)}")
         if not 0 < self.max_memory_fraction <= 4:
             raise SpecError("request.max_memory_fraction", self.max_memory_fraction, "must be in (0, 4]")
         if self.objective not in OBJECTIVES:

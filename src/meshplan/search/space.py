@@ -73,7 +73,8 @@ def use_sp(deg: Degrees, req: SearchRequest) -> bool:
 
 def _probe(deg: Degrees, req: SearchRequest, **kw) -> Plan:
     return Plan(global_batch=req.global_batch, seq_len=req.seq_len, precision=req.precision, tp=deg.tp,
-                sp=use_sp(deg, req), cp=deg.cp, pp=deg.pp, dp=deg.dp, ep=deg.ep, etp=deg.etp, **kw)
+                sp=use_sp(deg, req), cp=deg.cp, pp=deg.pp, dp=deg.dp, ep=deg.ep, etp=deg.etp,
+                grad_dtype=req.grad_dtype, optimizer_dtype=req.optimizer_dtype, **kw)
 
 
 def _expert_options(model: ModelSpec, tp: int, cp: int, dp: int) -> list[tuple[int, int]]:
@@ -242,4 +243,5 @@ def leaf_plan(leaf: Leaf, req: SearchRequest, **kw) -> Plan:
     return Plan(global_batch=req.global_batch, seq_len=req.seq_len, micro_batch=leaf.micro_batch, tp=d.tp,
                 sp=use_sp(d, req), cp=d.cp, cp_kind=leaf.cp_kind, pp=d.pp, vpp=leaf.vpp, schedule=leaf.schedule,
                 dp=d.dp, zero=leaf.zero, dp_shard=leaf.dp_shard, ep=d.ep, etp=d.etp, precision=req.precision,
-                tp_comm_overlap=req.tp_comm_overlap and d.tp > 1, **kw)
+                tp_comm_overlap=req.tp_comm_overlap and d.tp > 1, grad_dtype=req.grad_dtype,
+                optimizer_dtype=req.optimizer_dtype, **kw)
