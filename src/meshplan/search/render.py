@@ -84,7 +84,8 @@ def what_limits(rp: RankedPlan, limit_fraction: float) -> str:
     bits = []
     if rp.plan.recompute != "none" or head < 0.05 * e.capacity:
         bits.append(f"memory: peak {e.peak_memory / GiB:.1f} GiB of a {limit_fraction * e.capacity / GiB:.1f} GiB "
-                    f"limit" + (f", which forces {recompute_text(rp)} recompute" if rp.plan.recompute != "none" else ""))
+                    f"limit" + (f", which forces {recompute_text(rp)} recompute"
+                                if rp.plan.recompute != "none" else ""))
     if e.bubble_fraction > 0.05:
         bits.append(f"pipeline bubble {100 * e.bubble_fraction:.0f} %")
     comm = exposed_comm(rp)

@@ -152,7 +152,8 @@ def interleave_ok(pp: int, n_micro: int) -> bool:
     return n_micro % rounds == 0
 
 
-def pipeline_options(n_layers: int, pp: int, n_micro: int, req: SearchRequest, pruned: Counter) -> list[tuple[str, int]]:
+def pipeline_options(n_layers: int, pp: int, n_micro: int, req: SearchRequest,
+                     pruned: Counter) -> list[tuple[str, int]]:
     """(schedule, vpp) pairs valid for this pipeline; ``("", 1)`` without pipelining."""
     if pp == 1:
         return [("", 1)] if _pin_ok(req, "vpp", 1) else []
