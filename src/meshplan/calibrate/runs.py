@@ -215,11 +215,15 @@ def infer_mtp(row: dict, model: ModelSpec, plan: Plan) -> ModelSpec:
 MBRIDGE_DSV3_LAYOUTS = ((4, 1), (8, 1), (4, 2), (16, 1), (8, 2), (4, 4))
 
 
+def _mbridge_deepseek_v3(row: dict) -> bool:
+    """A DeepSeek-V3 run of Megatron-Bridge's recipe, whose pinned choices the functions below read."""
+    name = (row.get("model") or "").lower().replace("-", "")
+    return "megatron-bridge" in (row.get("source") or "").lower() and "deepseekv3" in name
+
+
 def framework_split(row: dict, model: ModelSpec, plan: Plan) -> Plan:
     """The layer placement a framework recipe pins, where the source used one; else the plan unchanged."""
-    name = (row.get("model") or "").lower().replace("-", "")
-    if ("megatron-bridge" not in (row.get("source") or "").lower() or "deepseekv3" not in name
-            or (plan.pp, plan.vpp) not in MBRIDGE_DSV3_LAYOUTS):
+    if not _mbridge_deepseek_v3(row) or (plan.pp, plan.vpp) not in MBRIDGE_DSV3_LAYOUTS:
         return plan
     mtp = mtp_depth(model)
     decoder, stages = model.n_layers - mtp, plan.n_stages
@@ -236,9 +240,7 @@ MBRIDGE_DSV3_RECOMPUTE = {("b200", 16, 1, 8, ""): "mla_up_proj", ("gb200", 4, 4,
 
 def framework_recompute(row: dict, plan: Plan) -> Plan:
     """The selective recompute a framework's published config pins, where the row leaves recompute empty."""
-    name = (row.get("model") or "").lower().replace("-", "")
-    if ((row.get("recompute") or "").strip() or "megatron-bridge" not in (row.get("source") or "").lower()
-            or "deepseekv3" not in name):
+    if (row.get("recompute") or "").strip() or not _mbridge_deepseek_v3(row):
         return plan
     gpu = (row.get("gpu") or "").lower()
     key = (gpu, plan.pp, plan.vpp, plan.ep)
@@ -250,10 +252,7 @@ def framework_optimizer(row: dict, plan: Plan) -> Plan:
     """Optimizer precision a framework recipe pins: Megatron-Bridge's DeepSeek-V3 recipe
     (recipes/deepseek/deepseek_v3.py) runs the precision-aware optimizer with bf16 main gradients and bf16 Adam
     moments (``main_grads_dtype``, ``exp_avg_dtype``, ``exp_avg_sq_dtype``; ``grad_reduce_in_fp32=False``)."""
-    name = (row.get("model") or "").lower().replace("-", "")
-    if "megatron-bridge" not in (row.get("source") or "").lower() or "deepseekv3" not in name:
-        return plan
-    return plan.with_(grad_dtype="bf16", optimizer_dtype="bf16")
+    return plan.with_(grad_dtype="bf16", optimizer_dtype="bf16") if _mbridge_deepseek_v3(row) else plan
 
 
 def row_to_run(row: dict) -> Run:
