@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from meshplan.cost.calib import calibration_for
 from meshplan.cost.comm import collective_time, plan_links
-from meshplan.cost.dp import DPCost, dp_cost
+from meshplan.cost.dp import DPCost, adam_bytes, dp_cost
 from meshplan.cost.pipeline import V_SHAPED, closed_form, inflight_microbatches
 from meshplan.cost.result import StageTimes
 from meshplan.cost.memory import bytes_per_param, layer_params, reserved_bytes
@@ -117,7 +117,7 @@ def layer_table(model: ModelSpec, pool: Pool, plan: Plan, *, calib=None) -> Laye
     hf, hb = head_cost(model, ctxs["none"])
     emb = model.vocab * model.hidden / plan.tp * (1 if model.tied_embeddings else 2)
     return LayerTable(blocks=tuple(blocks), head=hf + hb, emb=emb, fwd=fwd + hf, bwd=bwd + hb,
-                      opt_s_per_param=30.0 / (pool.gpu.hbm_bandwidth * cal.mem_eff), overhead=cal.step_overhead_s,
+                      opt_s_per_param=adam_bytes(plan) / (pool.gpu.hbm_bandwidth * cal.mem_eff), overhead=cal.step_overhead_s,
                       reserved=reserved_bytes(pool.gpu.generation))
 
 
@@ -296,9 +296,12 @@ def _static_avg(table: LayerTable, plan: Plan) -> float:
 
     # FSDP2 with one micro-batch has no gradients at the peak (the start of the backward) unless they outgrow
     # the activations (``meshplan.cost.memory.rank_memory``): count none, the activations cover the rest.
-    grads = 0.0 if plan.zero == 3 and plan.n_micro == 1 else sharded(g, 2)
+    # Under a pipeline, FSDP2's gradients are the unsharded ones accumulated over no-sync micro-batches, which may
+    # be none at the peak (``pipelined_grads``: GPipe, or fewer micro-batches than the rank holds in flight).
+    held = plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1
+    grads = 0.0 if plan.zero == 3 and (plan.n_micro == 1 or held) else sharded(g, 2)
     total = sharded(w, 3) + grads + sharded(o, 1) + table.reserved
-    if plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1:
+    if held:
         # The unsharded 16-bit copy kept across micro-batches; the unsharded fp32 gradients accumulated beside
         # it may take the place of activations, so they are left out.
         total += (dense + expert) * 2.0
