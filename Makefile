@@ -32,6 +32,7 @@ demo: venv
 	$(BIN)/meshplan demo
 
 test: venv $(BIN)/.torch $(BIN)/.extras
+	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/python -m pytest
 
 bench: venv

@@ -35,7 +35,12 @@ def main() -> None:
 
     from meshplan import catalog
     from meshplan.cli.check import STATS, measure_all, predict
-    from meshplan.runtime.closed_loop import CheckSpace, covering, enumerate_plans, plan_label
+    from meshplan.runtime.closed_loop import (
+        CheckSpace,
+        covering,
+        enumerate_plans,
+        plan_label,
+    )
 
     with tempfile.TemporaryDirectory(prefix="bench-closed-loop-") as tmp:
         hw = args.hardware

@@ -23,8 +23,7 @@ def recorded_plans(results: dict) -> tuple[str, list, list[float], list[float]]:
 
     run = results["as_run"]
     plans = [Plan(global_batch=run["global_batch"], seq_len=run["seq_len"], micro_batch=m["micro_batch"],
-                  recompute=m["recompute"], precision=run["precision"], fused_kernels=False,
-                  fused_optimizer=False)
+                  recompute=m["recompute"], precision=run["precision"], framework="meshplan")
              for m in results["measured"]]
     return (run["model"], plans, [m["step_time_s"] for m in results["measured"]],
             [m["peak_bytes"] for m in results["measured"]])
@@ -32,10 +31,12 @@ def recorded_plans(results: dict) -> tuple[str, list, list[float], list[float]]:
 
 def rescore(results: dict, hardware: str) -> dict:
     """``meshplan check``'s scoring of the recorded measurements against predictions on ``hardware``."""
+    from meshplan import catalog
     from meshplan.cli.check import add_memory, predict_all, score
 
     model, plans, times, peaks = recorded_plans(results)
-    pred = predict_all(model, hardware, plans, 1)
+    # The recorded run stepped AdamW per tensor (foreach=False), as the runtime did then.
+    pred = predict_all(model, hardware, plans, 1, catalog.framework("meshplan").with_(fused_optimizer=False))
     out = score([m["plan"] for m in results["measured"]], [t for t, _ in pred], times)
     add_memory(out, [m for _, m in pred], peaks)
     return out

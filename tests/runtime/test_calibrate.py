@@ -11,11 +11,16 @@ import sys
 import pytest
 
 from meshplan import catalog
-from meshplan.calibrate.local import attention_flops, fit_gemm_curve, fit_link, fit_profile
+from meshplan.calibrate.local import (
+    attention_flops,
+    fit_gemm_curve,
+    fit_link,
+    fit_profile,
+)
 from meshplan.cli.calibrate import profile_toml
-from meshplan.cost.calib import Calibration
 from meshplan.cost.compute import shape_eff
 from meshplan.cost.estimate import estimate
+from meshplan.spec.calibration import Calibration
 from meshplan.spec.plan import Plan
 
 SHAPES = [(64, 64, 64), (256, 256, 256), (1024, 1024, 1024), (2048, 256, 704), (32, 1024, 1024)]

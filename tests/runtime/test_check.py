@@ -10,8 +10,16 @@ import sys
 import pytest
 
 from meshplan import catalog
-from meshplan.runtime.closed_loop import (CheckSpace, covering, enumerate_plans, kendall_tau, mape_pct, plan_label,
-                                          ranks, regret_pct)
+from meshplan.runtime.closed_loop import (
+    CheckSpace,
+    covering,
+    enumerate_plans,
+    kendall_tau,
+    mape_pct,
+    plan_label,
+    ranks,
+    regret_pct,
+)
 
 pytest.importorskip("torch")
 

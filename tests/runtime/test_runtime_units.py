@@ -7,8 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from meshplan import catalog  # noqa: E402
-from meshplan.runtime.data import Source, cp_positions, decode, dp_slice, encode  # noqa: E402
 from meshplan.cost.memory import layer_params  # noqa: E402
+from meshplan.errors import SpecError  # noqa: E402
+from meshplan.runtime.data import Source, cp_positions, decode, dp_slice, encode  # noqa: E402
 from meshplan.runtime.mesh import mesh_layout  # noqa: E402
 from meshplan.runtime.models.decoder import build_decoder  # noqa: E402
 from meshplan.runtime.parallelize import check_runtime_support  # noqa: E402
@@ -65,10 +66,12 @@ def test_stage_placement_loop_v_and_layers():
 
 
 def test_schedule_problems_are_sentences():
-    assert "needs vpp=2" in pipeline_violations(_plan(pp=2, schedule="dualpipev"))[0]
-    assert "not registered" in pipeline_violations(_plan(pp=2, schedule="zb2p"))[0]
-    assert "one stage per rank" in pipeline_violations(_plan(pp=2, vpp=2, schedule="gpipe"))[0]
-    assert pipeline_violations(_plan(pp=2, vpp=2, schedule="zb_h1")) == []
+    assert "runs exactly 2 chunk(s) per rank" in pipeline_violations(_plan(pp=2, schedule="dualpipev"))[0]
+    with pytest.raises(SpecError, match="unknown schedule"):
+        _plan(pp=2, schedule="zb2p")
+    assert "use looped_bfs for vpp=2" in pipeline_violations(_plan(pp=2, vpp=2, schedule="gpipe"))[0]
+    assert pipeline_violations(_plan(pp=2, vpp=2, schedule="looped_bfs")) == []
+    assert pipeline_violations(_plan(pp=2, schedule="zb_h1")) == []
 
 
 def test_seeded_weights_do_not_depend_on_the_layout():
@@ -114,7 +117,21 @@ def test_runtime_accepts_every_layout_the_planner_can_choose_and_says_why_not_ot
         "etp=2: the runtime shards experts over the whole tp group (etp=1 or etp=tp=4)"]
     assert check_runtime_support(moe, _plan(tp=2, etp=2, ep=4, dp=2)) == [
         "with etp=tp the experts fold inside cp*dp: ep=4 must divide cp*dp=2"]
-    assert check_runtime_support(llama, _plan(recompute="selective", selective_policy="op")) == [
-        "selective_policy=op: the runtime's selective recompute is the attention core (selective_policy=attention)"]
-    assert check_runtime_support(llama, _plan(optimizer_dtype="bf16")) == [
-        "grad_dtype=fp32, optimizer_dtype=bf16: the runtime keeps gradients and AdamW states in fp32"]
+
+
+
+def test_runtime_refuses_stack_settings_it_cannot_honour():
+    # The runtime is the meshplan stack: it can step AdamW per tensor or with foreach, nothing else changes.
+    from meshplan.errors import PlanError
+    from meshplan.runtime.config import RunConfig
+    from meshplan.runtime.launch import unsupported_settings, validate
+
+    mine = catalog.framework("meshplan")
+    assert unsupported_settings(mine.with_(fused_optimizer=False)) == []
+    assert unsupported_settings(mine.with_(optimizer_dtype="bf16", selective_policy="op")) == [
+        "selective_policy=op: meshplan's runtime keeps selective_policy=attention",
+        "optimizer_dtype=bf16: meshplan's runtime keeps optimizer_dtype=fp32"]
+    with pytest.raises(PlanError, match="grad_dtype=bf16"):
+        validate(RunConfig(plan=_plan(dp=2), model="tiny-llama", stack=mine.with_(grad_dtype="bf16")), 2)
+    with pytest.raises(Exception, match="runtime is the meshplan stack"):
+        RunConfig(plan=_plan(), model="tiny-llama", stack=catalog.framework("torchtitan"))

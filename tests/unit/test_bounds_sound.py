@@ -1,7 +1,7 @@
-"""The search's bounds cannot lie: on random leaves (precision, gradient and optimizer dtypes, ZeRO stage and HSDP
-group, ep/etp, schedule, vpp, recompute) the time bound of a leaf and of its group never exceed the closed-form
-estimate of any recompute choice that fits, and the memory bounds never exceed the estimated peak; and on small
-spaces the pruned search returns the exhaustive optimum."""
+"""The search's bounds cannot lie: on random leaves (software stack, precision, gradient and optimizer dtypes, ZeRO
+stage and HSDP group, ep/etp, schedule, vpp, recompute) the time bound of a leaf and of its group never exceed the
+closed-form estimate of any recompute choice that fits, and the memory bounds never exceed the estimated peak; and
+on small spaces the pruned search returns the exhaustive optimum."""
 
 from collections import Counter
 from functools import lru_cache
@@ -22,12 +22,16 @@ CASES = {"dense": ("llama2-7b", "16xa100-80gb", 64, 2048), "moe": ("tiny-moe", "
 CAP = 0.8
 
 
+STACKS = ("megatron-core", "torchtitan", "meshplan", "deepspeed-2021", "megatron-lm-2021")
+
+
 @lru_cache(maxsize=None)
-def _leaves(case: str, precision: str, grad: str, opt: str):
+def _leaves(case: str, precision: str, grad: str, opt: str, stack: str = "megatron-core"):
     name, gpus, gb, seq = CASES[case]
     model, cluster = catalog.model(name), catalog.cluster(gpus)
-    req = SearchRequest(global_batch=gb, seq_len=seq, precision=precision, grad_dtype=grad, optimizer_dtype=opt,
-                        exhaustive=True, max_micro_batch=4)
+    profile = catalog.framework(stack).with_(grad_dtype=grad, optimizer_dtype=opt)
+    req = SearchRequest(global_batch=gb, seq_len=seq, precision=precision, framework=profile, exhaustive=True,
+                        max_micro_batch=4)
     run = _Run(model, cluster, req, None)
     out = []
     for deg in degree_tuples(model, cluster, req, Counter()):
@@ -40,13 +44,16 @@ def _fits(est, cap: float) -> bool:
     return all(m.total() <= cap for m in est.memory_per_stage)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=st.sampled_from(sorted(CASES)), precision=st.sampled_from(["bf16", "fp8", "fp16"]),
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=st.sampled_from(sorted(CASES)), stack=st.sampled_from(STACKS),
+       precision=st.sampled_from(["bf16", "fp8", "fp16"]),
        grad=st.sampled_from(["fp32", "bf16"]), opt=st.sampled_from(["fp32", "bf16"]), pick=st.integers(0, 10**6),
        leaf_pick=st.integers(0, 10**6), recompute=st.sampled_from(["none", "selective", "full"]))
-def test_bounds_never_exceed_the_estimate(case, precision, grad, opt, pick, leaf_pick, recompute):
+def test_bounds_never_exceed_the_estimate(case, stack, precision, grad, opt, pick, leaf_pick, recompute):
     assume(precision != "fp8" or "a100" not in CASES[case][1])   # no fp8 tensor cores on Ampere
-    model, cluster, req, run, leaves = _leaves(case, precision, grad, opt)
+    assume(recompute in catalog.framework(stack).recompute_modes)
+    model, cluster, req, run, leaves = _leaves(case, precision, grad, opt, stack)
+    assume(leaves)
     group, plans = leaves[pick % len(leaves)]
     plan = plans[leaf_pick % len(plans)]
     cap = CAP * cluster.pools[0].gpu.hbm_bytes
@@ -54,8 +61,8 @@ def test_bounds_never_exceed_the_estimate(case, precision, grad, opt, pick, leaf
     group_lb = run.group_bound(0, leaf_plan(group.base._replace(schedule="1f1b" if plan.pp > 1 else ""), req),
                                cap, group.pipelines)
     leaf_lb = run.leaf_bound(0, plan, cap)
-    table = layer_table(model, cluster.pools[0], plan)
-    est = estimate(model, cluster, plan.with_(recompute=recompute))
+    table = layer_table(model, cluster.pools[0], plan, stack=req.framework)
+    est = estimate(model, cluster, plan.with_(recompute=recompute), stack=req.framework)
     assert static_lower_bound(table, plan) <= est.peak_memory * (1 + 1e-9)
     assert memory_lower_bound(table, plan, mode=recompute) <= est.peak_memory * (1 + 1e-9)
     if _fits(est, cap):
@@ -71,7 +78,8 @@ def test_bounds_never_exceed_the_estimate(case, precision, grad, opt, pick, leaf
     ("llama3-8b", "16xh100-sxm", 32, 4096, ("bf16", "bf16")),
 ])
 def test_pruned_search_returns_the_exhaustive_optimum(model, gpus, gb, seq, dtypes):
-    kw = dict(global_batch=gb, seq_len=seq, grad_dtype=dtypes[0], optimizer_dtype=dtypes[1], simulate=False, top=1)
+    stack = catalog.framework("megatron-core").with_(grad_dtype=dtypes[0], optimizer_dtype=dtypes[1])
+    kw = dict(global_batch=gb, seq_len=seq, framework=stack, simulate=False, top=1)
     m, c = catalog.model(model), catalog.cluster(gpus)
     fast = search(m, c, SearchRequest(**kw))
     full = search(m, c, SearchRequest(**kw, exhaustive=True))

@@ -5,14 +5,27 @@ import dataclasses
 import pytest
 
 from meshplan import catalog
-from meshplan.cost.calib import Calibration
 from meshplan.cost.comm import collective_time
 from meshplan.cost.estimate import estimate, model_flops
+from meshplan.cost.memory import (
+    RankLoad,
+    act_bytes_per_token,
+    bytes_per_param,
+    embedding_grad_bytes,
+    layer_params,
+    logits_bytes,
+    model_params,
+    moe_eager_extra_bytes,
+    pipelined_grads,
+    rank_memory,
+)
 from meshplan.cost.stage import mtp_depth
-from meshplan.cost.memory import (RankLoad, act_bytes_per_token, bytes_per_param, embedding_grad_bytes, layer_params,
-                                  logits_bytes, model_params, moe_eager_extra_bytes, pipelined_grads, rank_memory)
+from meshplan.spec.calibration import Calibration
 from meshplan.spec.cluster import GroupLink, Pool, group_link
 from meshplan.spec.plan import Plan
+
+MEGATRON = catalog.framework("megatron-core")
+EAGER = catalog.framework("meshplan")  # eager PyTorch modules, DTensor TP, FSDP2: the runtime's own stack
 
 
 def non_causal(model):
@@ -50,7 +63,7 @@ def test_llama3_8b_parameter_count():
 
 def test_zero_paper_bytes_per_parameter():
     # Rajbhandari et al. 2020 sec. 3.1: fp16 weights 2 + fp16 grads 2 + fp32 master/momentum/variance 12.
-    assert bytes_per_param(Plan(global_batch=1, seq_len=1, precision="fp16")) == (2.0, 2.0, 12.0)
+    assert bytes_per_param(Plan(global_batch=1, seq_len=1, precision="fp16"), MEGATRON) == (2.0, 2.0, 12.0)
 
 
 def test_precision_aware_optimizer_bytes_per_parameter():
@@ -60,11 +73,11 @@ def test_precision_aware_optimizer_bytes_per_parameter():
     from meshplan.cost.dp import adam_bytes
 
     base = Plan(global_batch=1, seq_len=1, dp=8, zero=1)
-    half = base.with_(grad_dtype="bf16", optimizer_dtype="bf16")
-    assert bytes_per_param(base) == (2.0, 4.0, 12.0)
-    assert bytes_per_param(half) == (2.0, 2.0, 8.0)
-    assert bytes_per_param(half.with_(zero=3)) == (4.0, 2.0, 4.0)
-    assert (adam_bytes(base), adam_bytes(half)) == (30.0, 20.0)
+    half = MEGATRON.with_(grad_dtype="bf16", optimizer_dtype="bf16")
+    assert bytes_per_param(base, MEGATRON) == (2.0, 4.0, 12.0)
+    assert bytes_per_param(base, half) == (2.0, 2.0, 8.0)
+    assert bytes_per_param(base.with_(zero=3), half) == (4.0, 2.0, 4.0)
+    assert (adam_bytes(MEGATRON), adam_bytes(half)) == (30.0, 20.0)
 
 
 def test_mla_up_proj_recompute_frees_the_up_projected_qkv():
@@ -72,9 +85,10 @@ def test_mla_up_proj_recompute_frees_the_up_projected_qkv():
     # DeepSeek-V3) after the attention core and keeps the compressed latents and the core's log-sum-exp.
     layer = catalog.model("deepseek-v3").blocks[-1].layer
     att = layer.attention
-    plan = Plan(global_batch=8, seq_len=4096, recompute="selective", selective_policy="mla_up_proj")
-    none = act_bytes_per_token(layer, plan, recompute="none")
-    up = act_bytes_per_token(layer, plan, recompute="selective")
+    plan = Plan(global_batch=8, seq_len=4096, recompute="selective")
+    up_proj = MEGATRON.with_(selective_policy="mla_up_proj")
+    none = act_bytes_per_token(layer, plan, up_proj, recompute="none")
+    up = act_bytes_per_token(layer, plan, up_proj, recompute="selective")
     assert none - up == pytest.approx(2.0 * att.n_heads * (2 * att.qk_dim + att.v_dim)) == 2.0 * 128 * 512
 
 
@@ -84,9 +98,9 @@ def test_korthikanti_activations_with_sequence_parallel():
     layer = catalog.model("gpt3-175b").decoder
     t, h, a = 8, 12288, 96
     plan = Plan(global_batch=1, seq_len=2048, tp=t, sp=True)
-    assert act_bytes_per_token(layer, plan, recompute="none") == pytest.approx((32 * h + 4 * a) / t)
+    assert act_bytes_per_token(layer, plan, MEGATRON, recompute="none") == pytest.approx((32 * h + 4 * a) / t)
     # Full recompute keeps only the layer input: 2 s b h / t.
-    assert act_bytes_per_token(layer, plan, recompute="full") == pytest.approx(2 * h / t)
+    assert act_bytes_per_token(layer, plan, MEGATRON, recompute="full") == pytest.approx(2 * h / t)
 
 
 def test_ring_all_reduce_bus_factor():
@@ -144,18 +158,18 @@ def test_mtp_adds_one_layer_and_one_logits_pass_per_depth():
 def test_fp8_sequence_parallel_forward_gathers_one_byte_per_element():
     # TE gathers the fp8 norm output (layernorm_linear.py): forward = AG(1 B) + RS(2 B) per tp collective pair;
     # the backward stays 16-bit.
-    from meshplan.cost.calib import Calibration
     from meshplan.cost.comm import plan_links
     from meshplan.cost.ops import layer_ops
     from meshplan.cost.stage import Ctx, tp_comm
+    from meshplan.spec.calibration import Calibration
 
     m, gpu = catalog.model("llama3-70b"), catalog.gpu("h100-sxm")
     pool, cal = Pool(gpu=gpu, n_gpus=8), Calibration()
     out = {}
     for prec in ("bf16", "fp8"):
         plan = Plan(global_batch=1, seq_len=8192, tp=8, sp=True, dp=1, precision=prec)
-        ops = layer_ops(m.decoder, tokens=8192, plan=plan)
-        ctx = Ctx(model=m, plan=plan, gpu=gpu, links=plan_links(plan, pool), calib=cal)
+        ops = layer_ops(m.decoder, tokens=8192, plan=plan, stack=MEGATRON)
+        ctx = Ctx(model=m, plan=plan, stack=MEGATRON, gpu=gpu, links=plan_links(plan, pool), calib=cal)
         out[prec] = tp_comm(m.decoder, ops, ctx, fwd_gemm=1.0, bwd_gemm=1.0)
     msg, link = 8192 * m.hidden * 2.0, plan_links(Plan(global_batch=1, seq_len=8192, tp=8, sp=True), pool).tp
     ag_saved = 2 * (collective_time("all_gather", msg, size=8, link=link, calib=cal)
@@ -169,26 +183,26 @@ def test_logits_bytes_per_logit_by_runtime():
     logits = 8192 * 128256
     # Megatron's fused cross-entropy 6 B; eager fp32 log-softmax + nll grad + log-softmax grad 12 B; torch's
     # loss_parallel (zeros_like + exp) * grad beside the saved log-softmax 16 B, on V / tp logits.
-    assert logits_bytes(m, Plan(global_batch=8, seq_len=8192)) == pytest.approx(6 * logits)
-    assert logits_bytes(m, Plan(global_batch=8, seq_len=8192, fused_kernels=False)) == pytest.approx(12 * logits)
-    loss_parallel = Plan(global_batch=8, seq_len=8192, tp=8, fused_kernels=False)
-    assert logits_bytes(m, loss_parallel) == pytest.approx(16 * logits / 8)
+    assert logits_bytes(m, Plan(global_batch=8, seq_len=8192), MEGATRON) == pytest.approx(6 * logits)
+    assert logits_bytes(m, Plan(global_batch=8, seq_len=8192), EAGER) == pytest.approx(12 * logits)
+    loss_parallel = Plan(global_batch=8, seq_len=8192, tp=8)
+    assert logits_bytes(m, loss_parallel, EAGER) == pytest.approx(16 * logits / 8)
 
 
 def test_eager_vocab_parallel_embedding_gradient_is_whole():
     m = catalog.model("llama3.1-8b")
-    plan = Plan(global_batch=8, seq_len=8192, tp=8, sp=True, fused_kernels=False)
+    plan = Plan(global_batch=8, seq_len=8192, tp=8, sp=True)
     # fp32, replicated over tp: 4 V h (1 - 1/8) = 1.71 GiB while micro-batches accumulate.
-    assert embedding_grad_bytes(m, plan) == pytest.approx(4 * 128256 * 4096 * 7 / 8)
-    assert embedding_grad_bytes(m, dataclasses.replace(plan, global_batch=1)) == 0.0
-    assert embedding_grad_bytes(m, dataclasses.replace(plan, fused_kernels=True)) == 0.0
+    assert embedding_grad_bytes(m, plan, EAGER) == pytest.approx(4 * 128256 * 4096 * 7 / 8)
+    assert embedding_grad_bytes(m, dataclasses.replace(plan, global_batch=1), EAGER) == 0.0
+    assert embedding_grad_bytes(m, plan, MEGATRON) == 0.0
 
 
 def test_moe_eager_extra_bytes_by_hand():
     layer = catalog.model("qwen3-30b-a3b").blocks[0].layer
     # top-8 copies x (index_copy and index_add sources 2 x 2h + silu output 2f) + fp32 router softmax 4 E.
-    eager = Plan(global_batch=8, seq_len=4096, fused_kernels=False)
-    assert moe_eager_extra_bytes(layer, eager) == 8 * (4 * 2048 + 2 * 768) + 4 * 128
+    plan = Plan(global_batch=8, seq_len=4096)
+    assert moe_eager_extra_bytes(layer, plan) == 8 * (4 * 2048 + 2 * 768) + 4 * 128
 
 
 def test_pipelined_gradients_beside_the_peak_activations():
@@ -205,12 +219,12 @@ def test_pipelined_gradients_beside_the_peak_activations():
 
 def test_logits_and_the_recomputed_layer_do_not_add():
     m = catalog.model("llama3.1-8b")
-    plan = Plan(global_batch=8, seq_len=8192, dp=8, zero=3, recompute="full", fused_kernels=False)
+    plan = Plan(global_batch=8, seq_len=8192, dp=8, zero=3, recompute="full", framework="meshplan")
     load = RankLoad(dense=1e9, expert=0.0, act=2e9, act_one=2e9, recompute=1e9, root=0.5e9, n_units=32,
                     first=True, last=True)
-    mem = rank_memory(m, plan, load, generation="hopper")
+    mem = rank_memory(m, plan, EAGER, load, generation="hopper")
     # The loss backward (12 B per logit) ends before the last layer is recomputed: the larger one counts.
-    assert mem.activations + mem.buffers == pytest.approx(2e9 + logits_bytes(m, plan))
+    assert mem.activations + mem.buffers == pytest.approx(2e9 + logits_bytes(m, plan, EAGER))
     assert mem.grads == 0.0  # FSDP2 has no gradients at the loss backward
 
 
@@ -227,9 +241,10 @@ def test_mla_up_proj_recompute_replays_the_up_projections_and_rope():
     block = m.blocks[-1]
     att, s = block.layer.attention, 4096
     cost = {}
-    for rec, policy in (("none", "attention"), ("selective", "mla_up_proj")):
-        plan = Plan(global_batch=8, seq_len=s, dp=8, ep=8, recompute=rec, selective_policy=policy)
-        ctx = Ctx(model=m, plan=plan, gpu=gpu, links=plan_links(plan, pool), calib=cal)
+    up_proj = MEGATRON.with_(selective_policy="mla_up_proj")
+    for rec in ("none", "selective"):
+        plan = Plan(global_batch=8, seq_len=s, dp=8, ep=8, recompute=rec)
+        ctx = Ctx(model=m, plan=plan, stack=up_proj, gpu=gpu, links=plan_links(plan, pool), calib=cal)
         cost[rec] = layer_cost(block, ctx, index_on_rank=0)
     q_up = Gemm(name="q_up", m=s, n=att.n_heads * att.qk_dim, k=att.q_lora_rank)
     kv_up = Gemm(name="kv_up", m=s, n=att.n_heads * (att.head_dim + att.v_dim), k=att.kv_lora_rank)
@@ -240,8 +255,8 @@ def test_mla_up_proj_recompute_replays_the_up_projections_and_rope():
     assert cost["selective"].bwd_input - cost["none"].bwd_input == pytest.approx(hand, rel=1e-12)
     # A GQA layer has no MLA up-projection: the policy recomputes nothing there.
     llama = catalog.model("llama3-8b")
-    plan = Plan(global_batch=8, seq_len=s, dp=8, recompute="selective", selective_policy="mla_up_proj")
-    ctx = Ctx(model=llama, plan=plan, gpu=gpu, links=plan_links(plan, pool), calib=cal)
+    plan = Plan(global_batch=8, seq_len=s, dp=8, recompute="selective")
+    ctx = Ctx(model=llama, plan=plan, stack=up_proj, gpu=gpu, links=plan_links(plan, pool), calib=cal)
     assert layer_cost(llama.blocks[0], ctx, index_on_rank=0).recompute == 0.0
 
 
@@ -250,17 +265,18 @@ def test_zero3_per_parameter_gathers_pay_latency_per_tensor():
     # (n - 1 steps of the link latency) is paid once per tensor instead of once per layer.
     from meshplan.cost.comm import collective_time
     from meshplan.cost.dp import fsdp_cost
-    from meshplan.cost.calib import Calibration
+    from meshplan.spec.calibration import Calibration
     from meshplan.spec.cluster import GroupLink
 
     calib = Calibration(sync_s=0.0)
     link = GroupLink(level="fabric", bandwidth=25e9, latency=8e-6)
     links = type("L", (), {"dp_shard": link, "dp": link, "dp_replicate": link})()
-    base = dict(global_batch=16, seq_len=2048, micro_batch=1, dp=16, zero=3, overlap_param_gather=False)
-    unit = fsdp_cost(1e9, 0.0, plan=Plan(**base), links=links, calib=calib, fwd=1.0, bwd=2.0, n_units=10,
-                     n_tensors=120)
-    per_param = fsdp_cost(1e9, 0.0, plan=Plan(**base, zero_gather="param"), links=links, calib=calib, fwd=1.0,
-                          bwd=2.0, n_units=10, n_tensors=120)
+    plan = Plan(global_batch=16, seq_len=2048, micro_batch=1, dp=16, zero=3)
+    no_prefetch = MEGATRON.with_(overlap_param_gather=False)
+    unit = fsdp_cost(1e9, 0.0, plan=plan, stack=no_prefetch, links=links, calib=calib, fwd=1.0, bwd=2.0,
+                     n_units=10, n_tensors=120)
+    per_param = fsdp_cost(1e9, 0.0, plan=plan, stack=no_prefetch.with_(zero_gather="param"), links=links,
+                          calib=calib, fwd=1.0, bwd=2.0, n_units=10, n_tensors=120)
     one_gather = collective_time("all_gather", 2e9 / 10, size=16, link=link, calib=calib)
     assert unit.per_micro_fwd == pytest.approx(10 * one_gather)
     # 110 more gathers, each 15 ring steps x 8 us.

@@ -14,7 +14,7 @@ import pytest
 from meshplan import catalog
 from meshplan.cli.export import APPROXIMATE_EXIT, run_export
 from meshplan.errors import SpecError
-from meshplan.export.base import exporters, get_exporter
+from meshplan.export.base import exporters, get_exporter, render_export
 from meshplan.export.layout import first_last_split
 from meshplan.export.megatron import layout_string, megatron_args
 from meshplan.export.torchtitan import stage_fqns
@@ -26,14 +26,18 @@ PLANS = sorted(p.stem for p in (GOLDEN / "plans").glob("*.toml"))
 OUTPUTS = (("megatron", "sh"), ("torchtitan", "toml"), ("torchtitan", "python"), ("deepspeed", "sh"))
 
 
+MEGATRON = catalog.framework("megatron-core")
+
+
 def load(name: str):
     plan, refs = read_plan_file(GOLDEN / "plans" / f"{name}.toml")
-    return catalog.model(refs["model"]), plan, refs["gpus"]
+    return catalog.model(refs["model"]), plan, refs["gpus"], catalog.framework_with(plan.framework,
+                                                                                    refs.get("framework"))
 
 
 def render(name: str, to: str, fmt: str = ""):
-    model, plan, gpus = load(name)
-    return get_exporter(to).render(model, plan, gpus=gpus, fmt=fmt)
+    model, plan, gpus, stack = load(name)
+    return render_export(get_exporter(to), model, plan, stack, gpus=gpus, fmt=fmt)
 
 
 def bash_array(text: str, var: str) -> list[str]:
@@ -128,7 +132,8 @@ def test_megatron_grok_geglu_is_approximate():
 def test_megatron_first_last_split_and_layout():
     model = catalog.model("llama3-8b")
     plan = Plan(global_batch=8, seq_len=1024, pp=4, dp=2, layer_split=(7, 9, 9, 7))
-    flags = flag_values(sum(([f] if v is None else [f, str(v)] for f, v in megatron_args(model, plan)[0]), []))
+    words = sum(([f] if v is None else [f, str(v)] for f, v in megatron_args(model, plan, MEGATRON)[0]), [])
+    flags = flag_values(words)
     assert flags["--decoder-first-pipeline-num-layers"] == "7"
     assert flags["--decoder-last-pipeline-num-layers"] == "7"
     assert first_last_split((7, 9, 10, 6)) is None
@@ -139,13 +144,13 @@ def test_megatron_first_last_split_and_layout():
 def test_megatron_schedules_it_lacks_are_approximations(schedule):
     model = catalog.model("llama3-8b")
     plan = Plan(global_batch=16, seq_len=1024, pp=4, vpp=2 if schedule != "gpipe" else 1, dp=2, schedule=schedule)
-    notes = megatron_args(model, plan)[1]
+    notes = megatron_args(model, plan, MEGATRON)[1]
     assert len(notes) == 1 and schedule in notes[0]
 
 
 def test_megatron_zero3_uses_megatron_fsdp():
     model = catalog.model("llama3-8b")
-    args = dict(megatron_args(model, Plan(global_batch=16, seq_len=1024, dp=8, zero=3, dp_shard=4))[0])
+    args = dict(megatron_args(model, Plan(global_batch=16, seq_len=1024, dp=8, zero=3, dp_shard=4), MEGATRON)[0])
     assert args["--data-parallel-sharding-strategy"] == "optim_grads_params"
     assert "--use-megatron-fsdp" in args and args["--num-distributed-optimizer-instances"] == 2
 
@@ -158,14 +163,15 @@ def test_selective_policy_is_exported_or_flagged(policy):
     from meshplan.export.torchtitan import activation_checkpoint
 
     model = catalog.model("deepseek-v3")
-    plan = Plan(global_batch=64, seq_len=4096, pp=4, dp=1, recompute="selective", selective_policy=policy)
-    args, notes = megatron_args(model, plan)
+    plan = Plan(global_batch=64, seq_len=4096, pp=4, dp=1, recompute="selective")
+    stack = MEGATRON.with_(selective_policy=policy)
+    args, notes = megatron_args(model, plan, stack)
     assert dict(args)["--recompute-granularity"] == "selective"
     assert (dict(args).get("--recompute-modules") == "mla_up_proj") == (policy == "mla_up_proj")
     assert any("per-op policy" in n for n in notes) == (policy == "op")
-    section, titan_notes = activation_checkpoint(model, plan)
+    section, titan_notes = activation_checkpoint(model, plan, stack)
     assert section == {"mode": "selective", "selective_ac_option": "op"} and bool(titan_notes) == (policy != "op")
-    assert any("policy" in n for n in mds_args(model, plan)[1]) == (policy != "attention")
+    assert any("policy" in n for n in mds_args(model, plan, stack)[1]) == (policy != "attention")
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -175,11 +181,11 @@ def test_optimizer_kernels_are_exported_or_flagged(fused):
     from meshplan.export.torchtitan import job_sections
 
     model = catalog.model("llama3-8b")
-    plan = Plan(global_batch=64, seq_len=4096, dp=8, zero=1, fused_optimizer=fused)
-    doc, _ = job_sections(model, plan)
+    plan, stack = Plan(global_batch=64, seq_len=4096, dp=8, zero=1), MEGATRON.with_(fused_optimizer=fused)
+    doc, _ = job_sections(model, plan, stack)
     assert doc["optimizer"] == {"name": "AdamW", "implementation": "fused" if fused else "for-loop"}
-    assert any("fused_optimizer" in n for n in megatron_args(model, plan)[1]) != fused
-    assert any("fused_optimizer" in n for n in ds_config(plan)[1]) != fused
+    assert any("fused_optimizer" in n for n in megatron_args(model, plan, stack)[1]) != fused
+    assert any("fused_optimizer" in n for n in ds_config(plan, stack)[1]) != fused
 
 
 def test_optimizer_precision_is_exported_or_flagged():
@@ -188,16 +194,18 @@ def test_optimizer_precision_is_exported_or_flagged():
     from meshplan.export.deepspeed import ds_config
     from meshplan.export.torchtitan import training
 
-    plan = Plan(global_batch=64, seq_len=4096, dp=8, zero=1, grad_dtype="bf16", optimizer_dtype="bf16")
-    args, notes = megatron_args(catalog.model("llama3-8b"), plan)
+    plan = Plan(global_batch=64, seq_len=4096, dp=8, zero=1)
+    half = MEGATRON.with_(grad_dtype="bf16", optimizer_dtype="bf16")
+    args, notes = megatron_args(catalog.model("llama3-8b"), plan, half)
     d = dict(args)
     assert "--use-precision-aware-optimizer" in d and d["--main-grads-dtype"] == "bf16"
     assert d["--exp-avg-dtype"] == d["--exp-avg-sq-dtype"] == "bf16" and not notes
-    cfg, ds_notes = ds_config(plan)
+    cfg, ds_notes = ds_config(plan, half)
     assert cfg["data_types"] == {"grad_accum_dtype": "bf16"} and any("optimizer_dtype" in n for n in ds_notes)
-    assert any("optimizer_dtype" in n for n in training(plan)[1])
+    assert any("optimizer_dtype" in n for n in training(plan, half)[1])
     assert "--use-precision-aware-optimizer" not in dict(megatron_args(catalog.model("llama3-8b"),
-                                                                       Plan(global_batch=64, seq_len=4096))[0])
+                                                                       Plan(global_batch=64, seq_len=4096),
+                                                                       MEGATRON)[0])
 
 
 # ---------------------------------------------------------------- torchtitan
@@ -210,7 +218,7 @@ def test_torchtitan_fsdp_toml():
     assert doc["training"]["local_batch_size"] == 2 and doc["training"]["global_batch_size"] == 256
     assert doc["training"]["seq_len"] == 8192
     assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
-    assert len(res.approximations) == 1 and "selective" in res.approximations[0]
+    assert res.exact  # torchtitan's own stack: its per-op policy is the plan's
 
 
 def test_torchtitan_405b_interleaved_pipeline_fp8():
@@ -256,8 +264,8 @@ def test_stage_fqns():
 
 def test_torchtitan_csv_schedule():
     model = catalog.model("llama3-8b")
-    plan = Plan(global_batch=16, seq_len=1024, pp=4, vpp=2, dp=2, schedule="my_sched.csv")
-    res = get_exporter("torchtitan").render(model, plan)
+    plan = Plan(global_batch=16, seq_len=1024, pp=4, vpp=2, dp=2, schedule="my_sched.csv", framework="torchtitan")
+    res = get_exporter("torchtitan").render(model, plan, catalog.framework("torchtitan"))
     par = tomllib.loads(res.text)["parallelism"]
     assert par["pipeline_parallel_schedule_csv"] == "my_sched.csv"
     assert par["pipeline_parallel_schedule"] == "PipelineScheduleMulti"
@@ -282,8 +290,11 @@ def test_deepspeed_fsdp_is_zero3():
     res = render("tt2412-t3-8b-fsdp-128g", "deepspeed")
     cfg = heredoc_json(res.text)
     assert cfg["zero_optimization"]["stage"] == 3 and cfg["gradient_accumulation_steps"] == 1
-    assert "activation_checkpointing" in cfg and res.exact
+    assert "activation_checkpointing" in cfg
     assert "--no-pipeline-parallel" in bash_array(res.text, "MDS_ARGS")
+    # The plan was predicted for torchtitan: its per-op recompute policy and its stack are both said.
+    assert len(res.approximations) == 2 and any("predicted for the torchtitan stack" in n for n in res.approximations)
+    assert any("policy op" in n for n in res.approximations)
 
 
 # ---------------------------------------------------------------- CLI

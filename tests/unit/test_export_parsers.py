@@ -18,7 +18,6 @@ import sys
 import tomllib
 
 import pytest
-
 from test_export import GOLDEN, PLANS, bash_array, heredoc_json, load, render
 
 # megatron/training/arguments.py (NVIDIA/Megatron-LM, commit 000c4ac2): _add_network_size_args,
@@ -41,6 +40,8 @@ MEGATRON_OPTIONS = {
     "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-grouped-gemm", "--moe-router-topk",
     "--moe-token-dispatcher-type", "--moe-expert-capacity-factor",
     "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+    "--use-precision-aware-optimizer", "--main-grads-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype",
+    "--recompute-modules",
 }
 MEGATRON_CHOICES = {"--position-embedding-type": {"learned_absolute", "rope", "mrope", "relative", "none"},
                     "--normalization": {"LayerNorm", "RMSNorm"}, "--recompute-granularity": {"full", "selective"},
@@ -59,13 +60,13 @@ MDS_OPTIONS = {
     "--sequence-parallel", "--ds-sequence-parallel-size", "--enable-zbh1-pipeline",
     "--micro-batch-size", "--global-batch-size", "--bf16", "--fp16", "--checkpoint-activations",
     "--deepspeed-activation-checkpointing", "--recompute-granularity", "--zero-stage",
-    "--deepspeed", "--deepspeed_config",
+    "--deepspeed", "--deepspeed_config", "--use-flash-attn-v2",
 }
 
 # DeepSpeed docs config-json and deepspeed/runtime/config.py, zero/config.py, activation_checkpointing/config.py
 DS_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
            "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "bf16", "fp16", "zero_optimization",
-           "activation_checkpointing"}
+           "activation_checkpointing", "data_types"}
 DS_ZERO_KEYS = {"stage", "overlap_comm", "contiguous_gradients", "reduce_scatter", "mics_shard_size"}
 
 
@@ -88,9 +89,11 @@ def test_megatron_layout_parsed_by_megatron_core(name):
     layout_mod = "megatron.core.transformer.pipeline_parallel_layer_layout"
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec(layout_mod) is None:
         pytest.skip("megatron-core is not installed")
-    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
 
-    model, plan, _ = load(name)
+    model, plan, _, _ = load(name)
     words = bash_array(render(name, "megatron").text, "MEGATRON_ARGS")
     if "--pipeline-model-parallel-layout" not in words:
         pytest.skip("this plan needs no layout string")
@@ -123,7 +126,7 @@ def test_deepspeed_config_parsed_by_deepspeed(name, monkeypatch):
         pytest.skip("deepspeed is not installed")
     from deepspeed.runtime import config as ds_config
 
-    _, plan, _ = load(name)
+    _, plan, _, _ = load(name)
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
     cfg = ds_config.DeepSpeedConfig(heredoc_json(render(name, "deepspeed").text), mpu=_DataParallel(plan.dp))
     assert cfg.world_size == plan.dp
@@ -149,7 +152,7 @@ def test_torchtitan_toml_parsed_by_torchtitan(name, tmp_path):
         pytest.skip("needs torchtitan 0.1/0.2 (the TOML layout)")
     from torchtitan.config import ConfigManager
 
-    _, plan, _ = load(name)
+    _, plan, _, _ = load(name)
     path = tmp_path / "job.toml"
     path.write_text(render(name, "torchtitan").text)
     job = ConfigManager().parse_args(["--job.config_file", str(path)])
@@ -168,7 +171,7 @@ def test_torchtitan_python_parsed_by_torchtitan(name, tmp_path, monkeypatch):
         pytest.skip("needs torchtitan >= 0.3 (the Python config layout)")
     from torchtitan.config import ConfigManager
 
-    _, plan, _ = load(name)
+    _, plan, _, _ = load(name)
     if plan.precision == "fp8":
         # building the config swaps in Float8Linear, which needs torchao and an SM89+ GPU at parse time
         torch = pytest.importorskip("torch")
@@ -188,12 +191,16 @@ def test_torchtitan_python_parsed_by_torchtitan(name, tmp_path, monkeypatch):
 
 def test_torchtitan_schedule_names_exist_in_torch():
     pytest.importorskip("torch")
+    import torch.distributed.pipelining as pipelining
     from torch.distributed.pipelining.schedules import get_schedule_class
 
-    from meshplan.export.torchtitan import SCHEDULES
+    from meshplan.spec.schedules import schedule_names, schedule_spec
 
-    for name in SCHEDULES.values():
-        assert get_schedule_class(name).__name__
+    # Every registered schedule's torchtitan name and torch class exist in torch.distributed.pipelining.
+    for name in schedule_names():
+        spec = schedule_spec(name)
+        assert get_schedule_class(spec.torchtitan).__name__ == spec.torch_class
+        assert getattr(pipelining, spec.torch_class)
     for name in PLANS:
         par = tomllib.loads(render(name, "torchtitan").text)["parallelism"]
         if "pipeline_parallel_schedule" in par:

@@ -9,12 +9,12 @@ import pytest
 
 from meshplan import catalog
 from meshplan.calibrate.local import LAUNCH_BOUND, fit_host_op, gemm_rows
-from meshplan.cost.calib import Calibration
 from meshplan.cost.calib import calibration_for
 from meshplan.cost.compute import host_excess
 from meshplan.cost.dp import ADAM_OPS_PER_TENSOR, fused_adam_launches, optimizer_time
 from meshplan.cost.estimate import estimate
 from meshplan.cost.ops import layer_ops
+from meshplan.spec.calibration import Calibration
 from meshplan.spec.plan import Plan
 
 
@@ -40,9 +40,10 @@ def test_fp8_counts_a_host_op_per_expert_weight():
     layer = model.blocks[-1].layer
     bf16 = Plan(global_batch=8, seq_len=4096, ep=8, dp=8)
     fp8 = bf16.with_(precision="fp8")
-    n16 = layer_ops(layer, tokens=4096, plan=bf16).n_ops
-    n8 = layer_ops(layer, tokens=4096, plan=fp8).n_ops
-    linear = sum(g.count for g in layer_ops(layer, tokens=4096, plan=fp8).gemms if g.linear)
+    te = catalog.framework("megatron-bridge")
+    n16 = layer_ops(layer, tokens=4096, plan=bf16, stack=te).n_ops
+    n8 = layer_ops(layer, tokens=4096, plan=fp8, stack=te).n_ops
+    linear = sum(g.count for g in layer_ops(layer, tokens=4096, plan=fp8, stack=te).gemms if g.linear)
     assert n8 - n16 == linear >= 2 * 32
 
 
@@ -50,25 +51,26 @@ def test_fused_optimizer_launches_by_hand():
     # apex multi_tensor_apply: 36 tensors per launch, 320 chunks of 65536 elements; three ops per step.
     assert fused_adam_launches(72, 1e6) == 3 * 2
     assert fused_adam_launches(10, 320 * 65536 * 5) == 3 * 5
-    plan = Plan(global_batch=8, seq_len=128)
-    kw = dict(plan=plan, hbm_bandwidth=1e15, mem_eff=1.0, n_tensors=72, host_floor_s=1e-6)
+    plan, fused = Plan(global_batch=8, seq_len=128), catalog.framework("megatron-core")
+    kw = dict(plan=plan, stack=fused, hbm_bandwidth=1e15, mem_eff=1.0, n_tensors=72, host_floor_s=1e-6)
     assert optimizer_time(1e6, 0.0, **kw) == pytest.approx(6e-6)
-    assert optimizer_time(1e6, 0.0, **{**kw, "plan": plan.with_(fused_optimizer=False)}) == \
+    assert optimizer_time(1e6, 0.0, **{**kw, "stack": fused.with_(fused_optimizer=False)}) == \
         pytest.approx(72 * ADAM_OPS_PER_TENSOR * 1e-6)
 
 
 def test_optimizer_is_the_slower_of_memory_and_host():
-    plan = Plan(global_batch=8, seq_len=128, micro_batch=1, fused_optimizer=False)
+    plan = Plan(global_batch=8, seq_len=128, micro_batch=1)
+    loop = catalog.framework("megatron-core").with_(fused_optimizer=False)
     mem = 30.0 * 1e6 / (1e12 * 1.0)  # 30 bytes per parameter (Adam, multi-tensor) over 1 TB/s
-    assert optimizer_time(1e6, 0.0, plan=plan, hbm_bandwidth=1e12, mem_eff=1.0) == pytest.approx(mem)
+    assert optimizer_time(1e6, 0.0, plan=plan, stack=loop, hbm_bandwidth=1e12, mem_eff=1.0) == pytest.approx(mem)
     host = 50 * ADAM_OPS_PER_TENSOR * 1e-6
-    assert optimizer_time(1e6, 0.0, plan=plan, hbm_bandwidth=1e12, mem_eff=1.0, n_tensors=50,
+    assert optimizer_time(1e6, 0.0, plan=plan, stack=loop, hbm_bandwidth=1e12, mem_eff=1.0, n_tensors=50,
                           host_floor_s=1e-6) == pytest.approx(max(mem, host))
 
 
 def test_more_host_time_is_never_faster():
     model, plan = catalog.model("small-llama"), Plan(global_batch=8, seq_len=128, micro_batch=1,
-                                                     precision="bf16", fused_kernels=False)
+                                                     precision="bf16", framework="meshplan")
     gpu = catalog.gpu("h200")
     times = []
     for h in (0.0, 1e-6, 1e-5, 1e-4):
@@ -86,10 +88,12 @@ def _one(gpu):
 def test_fit_host_op_inverts_the_model():
     gpu = catalog.gpu("h200")
     step = {"model": "small-llama", "plan": {"global_batch": 8, "seq_len": 128, "micro_batch": 1,
-                                             "precision": "bf16", "fused_kernels": False}}
+                                             "precision": "bf16", "framework": "meshplan"},
+            "framework": {"fused_optimizer": False}}
     truth = replace(gpu, calibration=(("host_op_s", 37e-6),))
-    plan = Plan(global_batch=8, seq_len=128, micro_batch=1, precision="bf16", fused_kernels=False)
-    measured = estimate(catalog.model("small-llama"), _one(truth), plan).step_time
+    plan = Plan(global_batch=8, seq_len=128, micro_batch=1, precision="bf16", framework="meshplan")
+    loop = catalog.framework("meshplan").with_(fused_optimizer=False)
+    measured = estimate(catalog.model("small-llama"), _one(truth), plan, stack=loop).step_time
     assert fit_host_op({**step, "s": measured}, gpu) == pytest.approx(37e-6, rel=1e-3)
     assert fit_host_op({**step, "s": 1e-9}, gpu) == 0.0  # already slower than measured: no host term
 

@@ -22,15 +22,17 @@ from meshplan.report.gantt import gantt_data
 from meshplan.sim import simulate
 from meshplan.spec.plan import Plan
 
-PLAN = Plan(global_batch=32, seq_len=4096, tp=2, sp=True, pp=4, dp=2, zero=1)
-"""llama3-8b on 16 H100: small enough to estimate in milliseconds, with a real pipeline."""
+PLAN = Plan(global_batch=32, seq_len=4096, tp=2, sp=True, pp=4, dp=2, zero=1, framework="meshplan")
+"""llama3-8b on 16 H100: small enough to estimate in milliseconds, with a real pipeline, on meshplan's runtime
+(which runs every registered schedule)."""
+STACK = catalog.framework("meshplan")
 
 
 def sim_pipeline():
     """The simulator-backed pipeline function the CLI uses."""
-    from meshplan.cli.estimate import sim_pipeline as make
+    from meshplan.sim.adapter import simulated_pipeline
 
-    return make()
+    return simulated_pipeline()
 
 
 def small_report(plan: Plan = PLAN, *, variants: bool = True, memory_limit: float | None = None):
@@ -142,17 +144,17 @@ def test_layout_text():
 # ---------------------------------------------------------------- variants
 
 def test_plan_variants_keep_the_degrees():
-    labels = [label for label, _ in plan_variants(PLAN)]
+    labels = [label for label, _ in plan_variants(PLAN, STACK)]
     assert labels == ["recompute=selective", "recompute=full", "micro_batch=2", "zero=0", "zero=2", "zero=3",
-                      "schedule=dualpipev vpp=2", "schedule=gpipe", "schedule=interleaved_1f1b",
-                      "schedule=zb_h1", "schedule=zbv vpp=2"]
-    for _, p in plan_variants(PLAN):
+                      "schedule=dualpipev vpp=2", "schedule=gpipe", "schedule=interleaved_1f1b vpp=2",
+                      "schedule=looped_bfs vpp=2", "schedule=zb_h1", "schedule=zbv vpp=2"]
+    for _, p in plan_variants(PLAN, STACK):
         assert (p.tp, p.cp, p.pp, p.dp, p.ep) == (2, 1, 4, 2, 1)
 
 
 def test_variants_carry_real_estimates(rep):
     model, cluster = rep.model, rep.cluster
-    assert len(rep.alternatives) == 11 and rep.skipped == ()
+    assert len(rep.alternatives) == 12 and rep.skipped == ()
     for alt in rep.alternatives:
         again = estimate(model, cluster, alt.plan, pipeline=sim_pipeline())
         assert alt.estimate.step_time == pytest.approx(again.step_time, rel=1e-12)
@@ -164,7 +166,7 @@ def test_variants_carry_real_estimates(rep):
 
 def test_micro_batch_variants_must_divide_the_batch():
     odd = Plan(global_batch=6, seq_len=1024, micro_batch=3, dp=2)   # 3 sequences per replica: 1 divides, 6 not
-    assert [label for label, _ in plan_variants(odd) if label.startswith("micro")] == ["micro_batch=1"]
+    assert [label for label, _ in plan_variants(odd, STACK) if label.startswith("micro")] == ["micro_batch=1"]
 
 
 # ---------------------------------------------------------------- Gantt bars

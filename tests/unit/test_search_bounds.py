@@ -1,14 +1,27 @@
 """Lower bounds never exceed the full cost model, and the pipeline factors match the closed forms by hand."""
 
+import dataclasses
+
 import pytest
 
 from meshplan import catalog
 from meshplan.cost.estimate import estimate
-from meshplan.search.bounds import (layer_table, memory_lower_bound, mixed_pipeline_floor, mixed_schedule_bound,
-                                    pipeline_factor, static_lower_bound, time_lower_bound)
+from meshplan.search.bounds import (
+    layer_table,
+    memory_lower_bound,
+    mixed_pipeline_floor,
+    mixed_schedule_bound,
+    pipeline_factor,
+    static_lower_bound,
+    time_lower_bound,
+)
 from meshplan.search.driver import _Run
 from meshplan.search.request import SearchRequest
 from meshplan.search.space import Degrees, Leaf, leaf_plan
+
+# Megatron-style physics with every registered schedule allowed, so each bound meets each schedule.
+ANY_SCHEDULE = dataclasses.replace(catalog.framework("megatron-core"),
+                                   schedules=("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev"))
 
 
 def test_pipeline_factors_by_hand():
@@ -20,17 +33,18 @@ def test_pipeline_factors_by_hand():
     assert pipeline_factor("", pp=1, vpp=1, n_micro=8) == 8.0
 
 
-@pytest.mark.parametrize("pp,vpp,sched,zero,mb", [(1, 1, "", 1, 2), (2, 1, "1f1b", 1, 1), (4, 2, "interleaved_1f1b", 3, 1),
+@pytest.mark.parametrize("pp,vpp,sched,zero,mb", [(1, 1, "", 1, 2), (2, 1, "1f1b", 1, 1),
+                                                  (4, 2, "interleaved_1f1b", 3, 1),
                                                   (4, 1, "zb_h1", 1, 2), (2, 2, "zbv", 3, 1), (4, 1, "gpipe", 0, 1),
                                                   (1, 1, "", 3, 4), (2, 1, "1f1b", 3, 4)])
 def test_bounds_below_estimate(pp, vpp, sched, zero, mb):
     model, cluster = catalog.model("llama2-13b"), catalog.cluster("32xa100-80gb")
-    req = SearchRequest(global_batch=64, seq_len=4096)
+    req = SearchRequest(global_batch=64, seq_len=4096, framework=ANY_SCHEDULE)
     deg = Degrees(tp=2, cp=1, pp=pp, dp=16 // pp, ep=1, etp=1)
     plan = leaf_plan(Leaf(deg=deg, micro_batch=mb, schedule=sched, vpp=vpp, zero=zero, dp_shard=0, cp_kind="ring"),
                      req)
-    table = layer_table(model, cluster.pools[0], plan)
-    est = estimate(model, cluster, plan)
+    table = layer_table(model, cluster.pools[0], plan, stack=ANY_SCHEDULE)
+    est = estimate(model, cluster, plan, stack=ANY_SCHEDULE)
     assert time_lower_bound(table, plan) <= est.step_time
     assert static_lower_bound(table, plan) <= est.peak_memory
     assert memory_lower_bound(table, plan, mode="none") <= est.peak_memory * (1 + 1e-9)
@@ -50,13 +64,13 @@ def test_mixed_leaf_bound_below_estimate_with_unlike_blocks(sched, vpp):
     # LLaVA's vision and language blocks slow down by different factors on a V100 (no bf16 tensor cores): the
     # bound must use the smallest per-block slowdown, not the whole model's.
     model, cluster = catalog.model("llava-1.5-7b"), catalog.cluster("8xa100-80gb+8xv100")
-    req = SearchRequest(global_batch=16, seq_len=2048, simulate=False)
+    req = SearchRequest(global_batch=16, seq_len=2048, simulate=False, framework=ANY_SCHEDULE)
     run = _Run(model, cluster, req, None)
     vi = next(i for i, v in enumerate(run.variants) if v.describe() == "8xv100+8xa100-80gb")
     deg = Degrees(tp=8, cp=1, pp=2, dp=1, ep=1, etp=1)
     plan = leaf_plan(Leaf(deg=deg, micro_batch=1, schedule=sched, vpp=vpp, zero=0, dp_shard=0, cp_kind="ring"), req)
     bound = run.leaf_bound(vi, plan, 80e9)
-    est = estimate(model, run.variants[vi], plan.with_(layer_split=run.split(vi, plan)))
+    est = estimate(model, run.variants[vi], plan.with_(layer_split=run.split(vi, plan)), stack=ANY_SCHEDULE)
     assert bound <= est.step_time
 
 
@@ -77,11 +91,11 @@ def test_v_shaped_even_split_bound_counts_the_head_on_rank_zero(sched):
     # V-shaped schedules put the last stage (and the head's compute, which hides gradient traffic) on rank 0;
     # the bound once took rank 0's data-parallel tail from the wrong stages and overstated it by ~0.5 %.
     model, cluster = catalog.model("gpt-1.7b"), catalog.cluster("8xh100-sxm")
-    req = SearchRequest(global_batch=32, seq_len=2048, simulate=False)
+    req = SearchRequest(global_batch=32, seq_len=2048, simulate=False, framework=ANY_SCHEDULE)
     run = _Run(model, cluster, req, None)
     deg = Degrees(tp=1, cp=1, pp=2, dp=4, ep=1, etp=1)
     plan = leaf_plan(Leaf(deg=deg, micro_batch=1, schedule=sched, vpp=2, zero=0, dp_shard=0, cp_kind="ring"), req)
-    assert run.leaf_bound(0, plan, 80e9) <= estimate(model, cluster, plan).step_time
+    assert run.leaf_bound(0, plan, 80e9) <= estimate(model, cluster, plan, stack=ANY_SCHEDULE).step_time
 
 
 def test_fsdp_single_micro_batch_static_bound_has_no_gradients():
@@ -91,6 +105,6 @@ def test_fsdp_single_micro_batch_static_bound_has_no_gradients():
     req = SearchRequest(global_batch=8, seq_len=256)
     deg = Degrees(tp=1, cp=1, pp=1, dp=8, ep=1, etp=1)
     plan = leaf_plan(Leaf(deg=deg, micro_batch=1, schedule="", vpp=1, zero=3, dp_shard=0, cp_kind="ring"), req)
-    table = layer_table(model, cluster.pools[0], plan)
+    table = layer_table(model, cluster.pools[0], plan, stack=req.framework)
     assert static_lower_bound(table, plan) == pytest.approx(table.dense * (4 + 8) / 8 + table.reserved)
     assert memory_lower_bound(table, plan, mode="none") <= estimate(model, cluster, plan).peak_memory

@@ -56,12 +56,12 @@ def test_optimizer_precision_reaches_every_plan_and_frees_memory():
     # then needs less memory, and an unknown dtype is refused.
     pins = {"tp": 2, "pp": 2, "micro_batch": 1, "recompute": "none", "zero": 1}
     fp32 = _best("llama2-13b", "32xa100-80gb", 128, 4096, pins=pins).best
-    half = _best("llama2-13b", "32xa100-80gb", 128, 4096, pins=pins, grad_dtype="bf16", optimizer_dtype="bf16").best
-    assert (half.plan.grad_dtype, half.plan.optimizer_dtype) == ("bf16", "bf16")
-    assert half.plan.with_(grad_dtype="fp32", optimizer_dtype="fp32") == fp32.plan
+    stack = catalog.framework("megatron-core").with_(grad_dtype="bf16", optimizer_dtype="bf16")
+    half = _best("llama2-13b", "32xa100-80gb", 128, 4096, pins=pins, framework=stack).best
+    assert half.plan == fp32.plan  # the same layout, under another stack setting
     assert half.estimate.peak_memory < fp32.estimate.peak_memory
     with pytest.raises(SpecError, match="grad_dtype"):
-        SearchRequest(global_batch=8, seq_len=128, grad_dtype="fp16")
+        catalog.framework("megatron-core").with_(grad_dtype="fp16")
 
 
 def test_nothing_fits_reports_leanest_and_gpus_needed():

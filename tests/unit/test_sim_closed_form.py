@@ -4,14 +4,13 @@ and DualPipeV schedules show their papers' bubble/memory trade-off."""
 from __future__ import annotations
 
 import pytest
+from sim_helpers import uniform
 
 from meshplan.cost.pipeline import closed_form, inflight_microbatches
 from meshplan.sim import simulate
 
-from sim_helpers import uniform
-
-CASES = [(name, p, v, m) for name, vs in (("gpipe", (1, 2)), ("1f1b", (1,)), ("interleaved_1f1b", (2, 3, 4)),
-                                          ("zb_h1", (1,)))
+CASES = [(name, p, v, m) for name, vs in (("gpipe", (1,)), ("looped_bfs", (2,)), ("1f1b", (1,)),
+                                          ("interleaved_1f1b", (2, 3, 4)), ("zb_h1", (1,)))
          for v in vs for p in (2, 3, 4, 8) for m in (p, 2 * p, 3 * p, 2 * p + 1) if not (v > 1 and m % max(1, m // p))]
 SHAPES = [(1.0, 1.0, 1.0), (1.0, 2.0, 0.5), (2.0, 1.0, 1.0), (1.0, 1.0, 2.0)]
 

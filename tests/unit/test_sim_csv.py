@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import pytest
-
-from meshplan.errors import MeshplanError
-from meshplan.sim import (ScheduleError, get_schedule, load_schedule_csv, schedule_names, simulate,
-                          write_schedule_csv)
-
 from sim_helpers import uniform
 
-ARGS = {"gpipe": (4, 2, 8), "1f1b": (4, 1, 8), "interleaved_1f1b": (4, 2, 8), "zb_h1": (4, 1, 8),
+from meshplan.errors import MeshplanError
+from meshplan.sim import (
+    ScheduleError,
+    get_schedule,
+    load_schedule_csv,
+    schedule_names,
+    simulate,
+    write_schedule_csv,
+)
+
+ARGS = {"gpipe": (4, 1, 8), "looped_bfs": (4, 2, 8), "1f1b": (4, 1, 8), "interleaved_1f1b": (4, 2, 8),
+        "zb_h1": (4, 1, 8),
         "zbv": (4, 2, 8), "dualpipev": (4, 2, 8)}
 
 

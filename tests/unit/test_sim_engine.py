@@ -5,11 +5,16 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sim_helpers import uniform
 
 from meshplan.cost.result import StageTimes
-from meshplan.sim import ScheduleError, build_graph, get_schedule, simulate, simulate_graph
-
-from sim_helpers import uniform
+from meshplan.sim import (
+    ScheduleError,
+    build_graph,
+    get_schedule,
+    simulate,
+    simulate_graph,
+)
 
 
 def test_1f1b_two_ranks_by_hand():

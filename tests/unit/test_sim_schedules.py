@@ -7,7 +7,8 @@ from collections import Counter
 import pytest
 
 from meshplan.errors import SpecError
-from meshplan.sim import get_schedule, schedule_entry, schedule_names, validate
+from meshplan.sim import get_schedule, schedule_names, validate
+from meshplan.spec import schedules as registry
 
 GRID = [(p, v, m) for p in (1, 2, 3, 4, 8) for v in (1, 2, 3) for m in (1, 2, 3, 4, 5, 8, 12, 16, 17)]
 
@@ -19,10 +20,32 @@ def _buildable(name, p, v, m):
         return None
 
 
-def test_registry_names():
-    assert schedule_names() == ["1f1b", "dualpipev", "gpipe", "interleaved_1f1b", "zb_h1", "zbv"]
-    assert schedule_entry("zbv").placement == "v"
-    assert schedule_entry("interleaved_1f1b").torch_class == "ScheduleInterleaved1F1B"
+def test_one_registry_of_schedule_names():
+    # The simulator registers a generator for exactly the names the schedule registry (below cost/) holds.
+    assert schedule_names() == registry.schedule_names() == [
+        "1f1b", "dualpipev", "gpipe", "interleaved_1f1b", "looped_bfs", "zb_h1", "zbv"]
+    assert registry.schedule_spec("zbv").placement == "v"
+    assert registry.schedule_spec("interleaved_1f1b").torch_class == "ScheduleInterleaved1F1B"
+    # Every name a software-stack profile lists is registered.
+    from meshplan import catalog
+
+    for name in catalog.framework_names():
+        assert set(catalog.framework(name).schedules) <= set(registry.schedule_names()), name
+
+
+def test_generated_placement_is_the_registry_placement():
+    for name in registry.schedule_names():
+        spec = registry.schedule_spec(name)
+        vpp = spec.chunks[0]
+        sched = get_schedule(name, pp=4, vpp=vpp, n_micro=8)
+        assert sched.placement == tuple(spec.stage_rank(stage=s, pp=4) for s in range(4 * vpp)), name
+
+
+def test_unknown_schedule_is_refused_by_the_python_api():
+    from meshplan.spec.plan import Plan
+
+    with pytest.raises(SpecError, match="did you mean: zbv"):
+        Plan(global_batch=8, seq_len=128, pp=2, schedule="zbvv")
 
 
 def test_unknown_name_suggests_close_match():
@@ -30,7 +53,7 @@ def test_unknown_name_suggests_close_match():
         get_schedule("1f1", pp=2, vpp=1, n_micro=4)
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev"])
+@pytest.mark.parametrize("name", registry.schedule_names())
 def test_every_schedule_valid_over_grid(name):
     built = 0
     for p, v, m in GRID:
@@ -48,8 +71,9 @@ def test_every_schedule_valid_over_grid(name):
     assert built >= 20
 
 
-@pytest.mark.parametrize("name,vpp,message", [("1f1b", 2, "interleaved_1f1b"), ("zb_h1", 2, "zbv"),
-                                              ("zbv", 1, "exactly two"), ("dualpipev", 3, "exactly two")])
+@pytest.mark.parametrize("name,vpp,message", [("1f1b", 2, "use interleaved_1f1b"), ("zb_h1", 2, "use zbv"),
+                                              ("zbv", 1, "exactly 2 chunk"), ("dualpipev", 3, "exactly 2 chunk"),
+                                              ("gpipe", 2, "use looped_bfs")])
 def test_wrong_chunk_count_is_a_spec_error(name, vpp, message):
     with pytest.raises(SpecError, match=message):
         get_schedule(name, pp=4, vpp=vpp, n_micro=8)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from meshplan.export.trace import chrome_trace
-from meshplan.sim import simulate, write_chrome_trace
-
 from sim_helpers import uniform
+
+from meshplan.export.trace import chrome_trace, write_chrome_trace
+from meshplan.sim import simulate
 
 X_KEYS = {"ph": str, "name": str, "cat": str, "pid": int, "tid": int, "ts": float, "dur": float, "args": dict}
 

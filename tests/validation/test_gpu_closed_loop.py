@@ -46,14 +46,15 @@ def test_host_bound_small_micro_batches_are_slower():
     # The host floor: one step of 8 micro-batches of the 1B model issues ~8x the layer ops of one micro-batch
     # of 8, so the first is predicted slower, as measured (0.52 vs 0.34 s at mb2 vs mb8): with the host time
     # per op calibrate measured on that GPU, and with the catalog's default (the same measurement).
+    from meshplan import catalog
     from meshplan.cli.check import predict_all
     from meshplan.spec.plan import Plan
 
-    plans = [Plan(global_batch=8, seq_len=2048, micro_batch=m, precision="bf16", fused_kernels=False,
-                  fused_optimizer=False)
+    plans = [Plan(global_batch=8, seq_len=2048, micro_batch=m, precision="bf16", framework="meshplan")
              for m in (1, 8)]
+    loop = catalog.framework("meshplan").with_(fused_optimizer=False)
     for profile in (str(RESULTS / "h200-local.toml"), "h200"):
-        (t1, _), (t8, _) = predict_all("llama3.2-1b", profile, plans, 1)
+        (t1, _), (t8, _) = predict_all("llama3.2-1b", profile, plans, 1, loop)
         assert t1 > 1.3 * t8, profile
 
 

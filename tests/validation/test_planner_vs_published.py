@@ -1,5 +1,6 @@
 """For every published run, the planner (same model, GPUs, global batch, sequence length and precision) finds a
-plan the cost model rates no slower than the published layout, under the same memory rule: the default 80 %
+plan the cost model rates no slower than the published layout, on the same software stack (so only layouts that
+stack runs) and under the same memory rule: the default 80 %
 limit, or the published layout's own predicted peak where that is higher (the estimate's memory is
 conservative, and the published layout demonstrably ran)."""
 
@@ -22,10 +23,11 @@ def test_planner_no_slower_than_published_layouts():
     assert len(runs) >= 90
     slower, faster = [], []
     for run in runs:
-        pub = estimate(run.model, run.cluster, run.plan)
+        pub = estimate(run.model, run.cluster, run.plan, stack=run.framework)
         frac = max(0.8, pub.peak_memory / pub.capacity * (1 + 1e-9))
         req = SearchRequest(global_batch=run.plan.global_batch, seq_len=run.plan.seq_len,
-                            precision=run.plan.precision, max_memory_fraction=frac, simulate=False, top=1)
+                            precision=run.plan.precision, framework=run.framework, max_memory_fraction=frac,
+                            simulate=False, top=1)
         res = search(run.model, run.cluster, req)
         best = res.best
         if best is None or best.estimate.step_time > pub.step_time * (1 + 1e-9):

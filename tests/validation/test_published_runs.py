@@ -30,7 +30,17 @@ def test_many_local_experts_are_host_bound(runs_csv):
 def test_json_shape(runs_csv):
     d = validate_csv(runs_csv).as_dict()
     assert set(d) == {"rows", "n", "mape_pct", "median_ape_pct", "max_ape_pct", "skipped"}
-    assert set(d["rows"][0]) == {"id", "measured_s", "predicted_s", "error_pct"}
+    assert set(d["rows"][0]) == {"id", "measured_s", "predicted_s", "error_pct", "framework", "recipes"}
+    rows = {r["id"]: r for r in d["rows"]}
+    # The profile comes from the framework columns, the rest from recipes, and the JSON says which applied.
+    assert rows["narayanan21-t1-1p7b"]["framework"] == "megatron-lm 2021: megatron-lm-2021"
+    assert rows["mbridge2511-deepseek-v3-b200-256g"]["recipes"] == [
+        "megatron-bridge-deepseek-v3", "megatron-bridge-deepseek-v3-layout",
+        "megatron-bridge-deepseek-v3-b200-recompute"]
+    assert set(rows["tt2412-t5-405b-1f1b-512g"]["recipes"]) == {
+        "torchtitan-benchmarks-2412", "torchtitan-benchmarks-2412-async-tp", "torchtitan-compile",
+        "torchtitan-async-tp"}
+    assert "torchtitan-compiled" in rows["tt2412-t5-405b-1f1b-512g"]["framework"]
 
 
 def test_simulator_is_no_worse_than_closed_form_on_interleaved_runs(runs_csv):
@@ -59,10 +69,9 @@ def test_deepspeed_zero3_of_2021_gathers_per_parameter(runs_csv):
 
     runs, _ = load_runs(runs_csv)
     zero3 = {r.id: r for r in runs if "zero3" in r.id}
-    assert len(zero3) == 3 and all(r.plan.zero_gather == "param" and not r.plan.overlap_param_gather
-                                   for r in zero3.values())
-    assert all(r.plan.zero_gather == "unit" for r in runs if r.id not in zero3)
-    t768, t1536 = (estimate(zero3[f"narayanan21-t2-174p6b-zero3-{n}g"].model,
-                            zero3[f"narayanan21-t2-174p6b-zero3-{n}g"].cluster,
-                            zero3[f"narayanan21-t2-174p6b-zero3-{n}g"].plan).step_time for n in (768, 1536))
+    assert len(zero3) == 3 and all(r.framework.name == "deepspeed-2021" and r.framework.zero_gather == "param"
+                                   and not r.framework.overlap_param_gather for r in zero3.values())
+    assert all(r.framework.zero_gather == "unit" for r in runs if r.id not in zero3)
+    runs_at = {n: zero3[f"narayanan21-t2-174p6b-zero3-{n}g"] for n in (768, 1536)}
+    t768, t1536 = (estimate(r.model, r.cluster, r.plan, stack=r.framework).step_time for r in runs_at.values())
     assert 0.8 < t1536 / t768 < 1.25

@@ -12,8 +12,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from meshplan.calibrate.runs import Run
-from meshplan.cost.calib import Calibration
 from meshplan.cost.estimate import estimate
+from meshplan.spec.calibration import Calibration
 
 FIT_FIELDS = ("gemm_eff", "fp8_eff", "attn_eff")
 BOUNDS = {"gemm_eff": (0.2, 0.95), "fp8_eff": (0.15, 0.95), "attn_eff": (0.1, 0.9), "moe_eff": (0.2, 1.0)}
@@ -33,7 +33,7 @@ def log_error(runs: list[Run], table: dict) -> float:
     """Mean |log(pred/measured)| of ``runs`` under calibration ``table``."""
     total = 0.0
     for r in runs:
-        pred = estimate(r.model, r.cluster, r.plan, calib=table).step_time
+        pred = estimate(r.model, r.cluster, r.plan, stack=r.framework, calib=table).step_time
         total += abs(math.log(pred / r.measured_s))
     return total / max(len(runs), 1)
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from meshplan.cost.calib import Calibration
 from meshplan.cost.comm import COLLECTIVES
 from meshplan.cost.compute import shape_eff
+from meshplan.spec.calibration import Calibration
 from meshplan.spec.hardware import GPUSpec, PeakFlops
 
 ATTN_BWD_FACTOR = 2.5
@@ -121,12 +121,13 @@ def invert_step(step: dict, gpu: GPUSpec, field: str, *, n_gpus: int) -> float:
     from meshplan.spec.io import plan_from_dict
 
     model, plan, measured = catalog.model(step["model"]), plan_from_dict(step["plan"]), float(step["s"])
+    stack = catalog.framework_with(plan.framework, step.get("framework"))
     base = dict(gpu.calibration)
 
     def predicted(x: float) -> float:
         g = replace(gpu, calibration=tuple(sorted({**base, field: x}.items())))
         pool = Pool(gpu=g, n_gpus=n_gpus, gpus_per_node=n_gpus)
-        return estimate(model, ClusterSpec(pools=(pool,)), plan).step_time
+        return estimate(model, ClusterSpec(pools=(pool,)), plan, stack=stack).step_time
 
     if predicted(0.0) >= measured:
         return 0.0

@@ -1,8 +1,11 @@
 """Published runs (the schema of ``../shared/validation/runs_visible.csv``) as (model, cluster, plan) triples.
 
-Each row is translated from its own columns; the free-text ``notes`` are read only for facts the schema has no
-column for (activation type, MLA ranks, first dense layers, capacity factor, head_dim, TP overlap), exactly as
-the dataset's README lists them. A row that cannot be expressed is returned with the reason.
+Each row is translated from its own columns: the model's dims, the layout, and the software stack from
+``framework`` and ``framework_version`` (a catalog profile). What a stack's published recipe pins beyond the
+columns (a pipeline layout, recompute modules, optimizer precision, compilation, TP overlap) comes from the
+matching recipes in ``catalog/recipes``. The free-text ``notes`` are read only for model facts the schema has no
+column for (activation type, MLA ranks, first dense layers, capacity factor, head_dim), as the dataset's README
+lists them. A row that cannot be expressed is returned with the reason.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from meshplan import catalog
 from meshplan.cost.estimate import model_flops
 from meshplan.cost.stage import mtp_depth
 from meshplan.errors import MeshplanError, SpecError
-from meshplan.spec.checks import plan_violations
+from meshplan.spec.checks import plan_violations, stack_violations
 from meshplan.spec.cluster import ClusterSpec, Pool
+from meshplan.spec.framework import BEHAVIOUR_FIELDS, FrameworkProfile
 from meshplan.spec.model import BlockSpec, ModelSpec, MoESpec, decoder_model
 from meshplan.spec.plan import Plan
+from meshplan.spec.recipe import Recipe
 
 REQUIRED = ("id", "arch", "n_layers", "hidden", "ffn_hidden", "n_heads", "vocab", "seq_len", "global_batch", "gpu",
             "n_gpus", "tp", "pp", "dp", "step_time_s")
@@ -37,6 +42,12 @@ class Run:
     """Cluster of the row's GPUs."""
     plan: Plan
     """The published layout."""
+    framework: FrameworkProfile
+    """The stack that ran it: the preset its framework columns name, with its recipes' settings."""
+    profile_note: str
+    """How the preset was chosen from the columns."""
+    recipes: tuple[str, ...]
+    """Names of the recipes applied."""
     measured_s: float
     """Measured (or exactly derived) step time (s)."""
     row: dict
@@ -113,60 +124,71 @@ def _vpp(row: dict) -> int:
     return 2 if "interleav" in text and _int(row, "pp") > 1 else 1
 
 
-def _before_flash(row: dict) -> bool:
-    """The source is from before 2023, when FlashAttention (Dao et al., 2022) reached Megatron-LM and PyTorch:
-    attention then ran as unfused kernels that materialize the score matrix."""
-    years = _source_years(row)
-    return bool(years) and min(years) <= 2022
-
-
-def _source_years(row: dict) -> list[int]:
-    """Years named in the row's source citation."""
-    return [int(y) for y in re.findall(r"\b(20[0-3]\d)\b", row.get("source") or "")]
-
-
-def _deepspeed_zero3_2021(row: dict) -> bool:
-    """ZeRO-3 as DeepSpeed released it in 2021 (the term is DeepSpeed's; FSDP implementations flatten each
-    unit): every parameter tensor is gathered by its own ``torch.distributed.all_gather``, after a
-    ``torch.cuda.synchronize()`` that drains the compute stream first, and its gradient reduce-scattered by its
-    own call (samyam/DeepSpeed deepspeed/runtime/zero/partition_parameters.py @67f957a, ``_allgather_param``,
-    ``_reduce_scatter_gradient``): per-parameter latency, and gathers that cannot overlap compute."""
-    text = " ".join(row.get(k) or "" for k in ("source", "model", "notes")).lower()
-    years = _source_years(row)
-    named = any(k in text for k in ("zero-3", "zero3", "zero stage 3", "deepspeed")) and "fsdp" not in text
-    return (row.get("zero") or "").strip() == "3" and bool(years) and min(years) <= 2021 and named
-
-
-def _micro_batch(row: dict, titan: bool) -> int:
-    """Micro-batch size; unknown means the framework default: 1 for Megatron-family recipes, and for
-    torchtitan pipelines as many micro-batches as pipeline stages (its pipeline_parallel_microbatches
-    default), i.e. local batch / pp."""
+def _micro_batch(row: dict, stack: FrameworkProfile) -> int:
+    """Micro-batch size; unknown means the stack's default: 1 (Megatron-family recipes), or as many micro-batches
+    as pipeline stages (torchtitan's pipeline_parallel_microbatches default), i.e. local batch / pp."""
     if (row.get("micro_batch") or "").strip():
         return _int(row, "micro_batch")
     pp, local = _int(row, "pp"), _int(row, "global_batch") // max(_int(row, "dp"), 1)
-    if titan and pp > 1 and local % pp == 0:
+    if stack.default_micro_batch == "pp_stages" and pp > 1 and local % pp == 0:
         return local // pp
     return 1
 
 
-def row_plan(row: dict) -> Plan:
-    """The published layout; empty cells take the framework defaults (no interleaving, micro-batch 1, no
-    recompute, no ZeRO), and TP overlap only where the notes name it."""
-    notes = (row.get("notes") or "").lower()
+def row_plan(row: dict, stack: FrameworkProfile) -> Plan:
+    """The published layout under ``stack``; empty cells take the defaults (no interleaving, the stack's
+    micro-batch, no recompute, no ZeRO)."""
     tp = _int(row, "tp")
-    # Framework facts the schema has no column for, read from the source: torchtitan runs eager unless
-    # compiled, and its selective checkpointing is the per-op policy.
-    titan = "torchtitan" in (row.get("source") or "").lower()
-    compiled = "compile" in (row.get("id", "") + " " + notes)
     return Plan(global_batch=_int(row, "global_batch"), seq_len=_int(row, "seq_len"),
-                micro_batch=_micro_batch(row, titan), tp=tp, sp=bool(_int(row, "sp", 0)) and tp > 1,
+                micro_batch=_micro_batch(row, stack), tp=tp, sp=bool(_int(row, "sp", 0)) and tp > 1,
                 cp=_int(row, "cp", 1), pp=_int(row, "pp"), vpp=_vpp(row), dp=_int(row, "dp"),
                 zero=_int(row, "zero", 0), ep=_int(row, "ep", 1), recompute=row.get("recompute") or "none",
-                precision=row.get("precision") or "bf16",
-                tp_comm_overlap=any(k in notes for k in ("tp-comm-overlap", "tp_comm_overlap", "asynctp")),
-                fused_kernels=not titan or compiled, selective_policy="op" if titan else "attention",
-                flash_attention=not _before_flash(row),
-                **({"zero_gather": "param", "overlap_param_gather": False} if _deepspeed_zero3_2021(row) else {}))
+                precision=row.get("precision") or "bf16", framework=stack.name)
+
+
+def row_facts(row: dict, profile: FrameworkProfile) -> dict:
+    """What recipes match a run on (``meshplan.spec.recipe.MATCH_KEYS``). ``text`` is the run's id and the
+    source's own notes (after ``src-notes:``), not the dataset's commentary on them."""
+    notes = row.get("notes") or ""
+    src = notes.split("src-notes:", 1)[1] if "src-notes:" in notes else ""
+    return {"stack": (row.get("framework") or "").strip().lower(), "framework": profile.name,
+            "framework_version": (row.get("framework_version") or "").strip().lower(),
+            "source": (row.get("source") or "").lower(),
+            "model": (row.get("model") or "").lower().replace("-", ""), "gpu": (row.get("gpu") or "").lower(),
+            "pp": _int(row, "pp"), "vpp": _vpp(row), "ep": _int(row, "ep", 1),
+            "precision": row.get("precision") or "bf16", "recompute": (row.get("recompute") or "").strip(),
+            "text": ((row.get("id") or "") + " " + src).lower()}
+
+
+def row_profile(row: dict) -> tuple[FrameworkProfile, str, list[Recipe]]:
+    """The run's stack profile from its ``framework`` and ``framework_version`` columns, how it was chosen, and
+    the recipes that match the run, least specific first; a recipe that names another preset (compiled torchtitan)
+    switches the profile before the others are matched against it."""
+    profile, note = catalog.framework_for(row.get("framework") or "", row.get("framework_version") or "")
+    switches = [r for r in catalog.recipes() if "framework" in r.sets and r.matches(row_facts(row, profile))]
+    for r in switches:
+        profile = catalog.framework(r.sets["framework"])
+        note += f"; recipe {r.name}: {profile.name}"
+    facts = row_facts(row, profile)
+    rest = sorted((r for r in catalog.recipes() if "framework" not in r.sets and r.matches(facts)),
+                  key=lambda r: (r.specificity, r.name))
+    return profile, note, switches + rest
+
+
+def apply_recipe(recipe: Recipe, model: ModelSpec, plan: Plan,
+                 profile: FrameworkProfile) -> tuple[Plan, FrameworkProfile]:
+    """The plan and profile with what the recipe pins."""
+    behaviour = {k: v for k, v in recipe.sets.items() if k in BEHAVIOUR_FIELDS}
+    if behaviour:
+        profile = profile.with_(**behaviour)
+    if "recompute" in recipe.sets:
+        plan = plan.with_(recompute=recipe.sets["recompute"])
+    if recipe.sets.get("layer_split") == "ceil_rest_last":
+        mtp = mtp_depth(model)
+        decoder, stages = model.n_layers - mtp, plan.n_stages
+        per = -(-decoder // stages)
+        plan = plan.with_(layer_split=(per,) * (stages - 1) + (decoder - per * (stages - 1) + mtp,))
+    return plan, profile
 
 
 def infer_recompute(row: dict, model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> Plan:
@@ -181,10 +203,10 @@ def infer_recompute(row: dict, model: ModelSpec, cluster: ClusterSpec, plan: Pla
 
 def _counted_flops_per_token(row: dict) -> float:
     """FLOPs per token that Megatron-Bridge's counter credited: its model TFLOP/s over its tokens/s (FLOP); 0
-    for other sources (their counters differ, e.g. the full s^2 attention term) or rows without both."""
+    for other stacks (their counters differ, e.g. the full s^2 attention term) or rows without both."""
     m = re.search(r"Model TFLOP/s/GPU = ([\d.]+)", row.get("notes") or "")
     if (not m or row.get("reported_metric") != "tokens_per_s_per_gpu"
-            or "megatron-bridge" not in (row.get("source") or "").lower()):
+            or (row.get("framework") or "").strip().lower() != "megatron-bridge"):
         return 0.0
     return float(m.group(1)) * 1e12 / float(row["reported_value"])
 
@@ -210,68 +232,26 @@ def infer_mtp(row: dict, model: ModelSpec, plan: Plan) -> ModelSpec:
                key=lambda m: abs(model_flops(m, plan) / tokens - counted))
 
 
-# Megatron-Bridge's DeepSeek-V3 recipe (recipes/deepseek/deepseek_v3.py, layout_map) pins the pipeline layout for
-# these (pp, vpp): ceil(layers / stages) decoder layers per virtual stage, the remainder, MTP and loss on the last.
-MBRIDGE_DSV3_LAYOUTS = ((4, 1), (8, 1), (4, 2), (16, 1), (8, 2), (4, 4))
-
-
-def _mbridge_deepseek_v3(row: dict) -> bool:
-    """A DeepSeek-V3 run of Megatron-Bridge's recipe, whose pinned choices the functions below read."""
-    name = (row.get("model") or "").lower().replace("-", "")
-    return "megatron-bridge" in (row.get("source") or "").lower() and "deepseekv3" in name
-
-
-def framework_split(row: dict, model: ModelSpec, plan: Plan) -> Plan:
-    """The layer placement a framework recipe pins, where the source used one; else the plan unchanged."""
-    if not _mbridge_deepseek_v3(row) or (plan.pp, plan.vpp) not in MBRIDGE_DSV3_LAYOUTS:
-        return plan
-    mtp = mtp_depth(model)
-    decoder, stages = model.n_layers - mtp, plan.n_stages
-    per = -(-decoder // stages)
-    return plan.with_(layer_split=(per,) * (stages - 1) + (decoder - per * (stages - 1) + mtp,))
-
-
-# Megatron-Bridge's DeepSeek-V3 performance configs (scripts/performance/configs/deepseek/*workload_base_configs.py,
-# every stored version) set recompute_modules=["mla_up_proj"] on top of the recipe's recompute_granularity
-# "selective" (recipes/deepseek/deepseek_v3.py) for these (gpu, pp, vpp, ep, precision; "" = any precision).
-# Other GPUs and precisions changed their modules between versions and stay unmodelled.
-MBRIDGE_DSV3_RECOMPUTE = {("b200", 16, 1, 8, ""): "mla_up_proj", ("gb200", 4, 4, 64, "bf16"): "mla_up_proj"}
-
-
-def framework_recompute(row: dict, plan: Plan) -> Plan:
-    """The selective recompute a framework's published config pins, where the row leaves recompute empty."""
-    if (row.get("recompute") or "").strip() or not _mbridge_deepseek_v3(row):
-        return plan
-    gpu = (row.get("gpu") or "").lower()
-    key = (gpu, plan.pp, plan.vpp, plan.ep)
-    policy = MBRIDGE_DSV3_RECOMPUTE.get(key + (plan.precision,)) or MBRIDGE_DSV3_RECOMPUTE.get(key + ("",))
-    return plan.with_(recompute="selective", selective_policy=policy) if policy else plan
-
-
-def framework_optimizer(row: dict, plan: Plan) -> Plan:
-    """Optimizer precision a framework recipe pins: Megatron-Bridge's DeepSeek-V3 recipe
-    (recipes/deepseek/deepseek_v3.py) runs the precision-aware optimizer with bf16 main gradients and bf16 Adam
-    moments (``main_grads_dtype``, ``exp_avg_dtype``, ``exp_avg_sq_dtype``; ``grad_reduce_in_fp32=False``)."""
-    return plan.with_(grad_dtype="bf16", optimizer_dtype="bf16") if _mbridge_deepseek_v3(row) else plan
-
-
 def row_to_run(row: dict) -> Run:
-    """Translate one CSV row; raises MeshplanError with the reason when it cannot be expressed."""
+    """Translate one CSV row: its model, cluster, stack profile and layout, with the matching recipes applied;
+    raises MeshplanError with the reason when it cannot be expressed."""
     missing = [k for k in REQUIRED if not (row.get(k) or "").strip()]
     if missing:
         raise SpecError(row.get("id", "?"), ",".join(missing), "required columns are empty")
-    model, cluster, plan = row_model(row), row_cluster(row), row_plan(row)
+    profile, note, recipes = row_profile(row)
+    model, cluster, plan = row_model(row), row_cluster(row), row_plan(row, profile)
     bad = plan_violations(model, cluster, plan)
     if not bad:
         plan = infer_recompute(row, model, cluster, plan)
         model = infer_mtp(row, model, plan)
-        plan = framework_split(row, model, plan)
-        plan = framework_recompute(row, plan)
-        plan = framework_optimizer(row, plan)
-        bad = plan_violations(model, cluster, plan)
+        for r in recipes:
+            if "framework" not in r.sets:
+                plan, profile = apply_recipe(r, model, plan, profile)
+        bad = plan_violations(model, cluster, plan) + stack_violations(plan, profile)
     if bad:
         raise SpecError(row["id"], "layout", "; ".join(bad))
-    return Run(id=row["id"], model=model, cluster=cluster, plan=plan, measured_s=float(row["step_time_s"]), row=row)
+    return Run(id=row["id"], model=model, cluster=cluster, plan=plan, framework=profile, profile_note=note,
+               recipes=tuple(r.name for r in recipes), measured_s=float(row["step_time_s"]), row=row)
 
 
 def load_runs(path: str | Path) -> tuple[list[Run], list[tuple[str, str]]]:

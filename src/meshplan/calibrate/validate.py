@@ -22,6 +22,10 @@ class RowResult:
     """meshplan's step time (s)."""
     peak_memory_gib: float
     """Predicted peak memory per GPU (GiB)."""
+    framework: str = ""
+    """The stack profile the row was predicted under, and how it was chosen from its columns."""
+    recipes: tuple[str, ...] = ()
+    """The framework recipes applied to it."""
 
     @property
     def error_pct(self) -> float:
@@ -59,7 +63,8 @@ class ValidationReport:
     def as_dict(self) -> dict:
         """The JSON shape of ``meshplan validate --json``."""
         return {"rows": [{"id": r.id, "measured_s": r.measured_s, "predicted_s": r.predicted_s,
-                          "error_pct": r.error_pct} for r in self.rows],
+                          "error_pct": r.error_pct, "framework": r.framework, "recipes": list(r.recipes)}
+                         for r in self.rows],
                 "n": len(self.rows), "mape_pct": self.mape, "median_ape_pct": self.median_ape,
                 "max_ape_pct": self.max_ape, "skipped": [{"id": i, "reason": why} for i, why in self.skipped]}
 
@@ -74,7 +79,8 @@ def validate_csv(path: str | Path, *, calib: dict | None = None, simulate: bool 
         pipeline = simulated_pipeline()
     rows = []
     for r in runs:
-        est = estimate(r.model, r.cluster, r.plan, calib=calib, pipeline=pipeline)
+        est = estimate(r.model, r.cluster, r.plan, stack=r.framework, calib=calib, pipeline=pipeline)
         rows.append(RowResult(id=r.id, measured_s=r.measured_s, predicted_s=est.step_time,
-                              peak_memory_gib=est.peak_memory / 2**30))
+                              peak_memory_gib=est.peak_memory / 2**30, framework=r.profile_note,
+                              recipes=r.recipes))
     return ValidationReport(rows=tuple(rows), skipped=tuple(skipped))

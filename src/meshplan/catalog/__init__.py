@@ -1,4 +1,5 @@
-"""Catalogs: data files plus a name registry. Adding a GPU or a model is adding one TOML file here.
+"""Catalogs: data files plus a name registry. Adding a GPU, a model or a software-stack profile is adding one TOML
+file here.
 
 Lookups accept a catalog name or a path to a file (a model TOML/JSON, a Hugging Face ``config.json``, or a
 GPU/hardware profile TOML written by ``meshplan calibrate``).
@@ -10,11 +11,22 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-from meshplan.errors import unknown_name
+from meshplan.errors import SpecError, unknown_name
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.hardware import GPUSpec
-from meshplan.spec.io import cluster_from_dict, gpu_from_dict, model_from_dict, parse_gpus, read_file
+from meshplan.spec.io import (
+    check_keys,
+    cluster_from_dict,
+    framework_from_dict,
+    gpu_from_dict,
+    model_from_dict,
+    parse_gpus,
+    read_file,
+)
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.plan import DEFAULT_FRAMEWORK
+from meshplan.spec.recipe import Recipe
 
 
 def _entries(kind: str) -> dict[str, str]:
@@ -74,3 +86,56 @@ def cluster(ref: str) -> ClusterSpec:
     if Path(ref).is_file():
         return cluster_from_dict(read_file(ref), gpu, ref)
     return parse_gpus(ref, gpu)
+
+
+def framework_names() -> list[str]:
+    """Names of every software-stack profile in the catalog."""
+    return sorted(_catalog("frameworks"))
+
+
+@lru_cache(maxsize=64)
+def framework(ref: str) -> FrameworkProfile:
+    """A software-stack profile by catalog name (``megatron-core``, ``torchtitan``, ``meshplan``...) or from a
+    profile TOML file."""
+    if _looks_like_path(ref):
+        return framework_from_dict(read_file(ref), ref)
+    cat = _catalog("frameworks")
+    if ref not in cat:
+        raise unknown_name("framework", ref, cat)
+    return framework_from_dict(cat[ref], f"framework[{ref}]")
+
+
+def framework_with(name: str, settings: dict | None = None) -> FrameworkProfile:
+    """The preset ``name`` with ``settings`` (a plan file's ``[framework]`` table) applied."""
+    profile = framework(name)
+    return profile.with_(**settings) if settings else profile
+
+
+def framework_for(stack: str, version: str = "") -> tuple[FrameworkProfile, str]:
+    """The profile of a stack as a source names it (the validation CSV's ``framework`` and ``framework_version``):
+    the preset whose ``versions`` prefix the version, else the stack's default preset, else the catalog default.
+    Returns the profile and a note saying how it was chosen."""
+    stack, version = stack.strip().lower(), version.strip().lower()
+    presets = [framework(n) for n in framework_names()]
+    mine = [p for p in presets if stack in p.stacks]
+    if version:
+        by_version = [p for p in mine if any(version.startswith(v.lower()) for v in p.versions)]
+        if by_version:
+            return by_version[0], f"{stack} {version}: {by_version[0].name}"
+    default = [p for p in mine if p.default]
+    if default:
+        return default[0], f"{stack} {version or '(no version)'}: {default[0].name} (the stack's default)"
+    fallback = framework(DEFAULT_FRAMEWORK)
+    return fallback, f"{stack or '(no stack)'}: no profile, took {fallback.name}"
+
+
+@lru_cache(maxsize=1)
+def recipes() -> tuple[Recipe, ...]:
+    """Every framework recipe in the catalog (``catalog/recipes/*.toml``), by name."""
+    out = []
+    for name, d in sorted(_catalog("recipes").items()):
+        check_keys(f"recipe[{name}]", d, {"name", "source", "match", "sets"}, ("source", "sets"))
+        if d.get("name", name) != name:
+            raise SpecError(f"recipe[{name}].name", d["name"], f"must equal the file's stem {name!r}")
+        out.append(Recipe(name=name, source=d["source"], match=dict(d.get("match", {})), sets=dict(d["sets"])))
+    return tuple(out)

@@ -18,12 +18,14 @@ import typer
 from meshplan.errors import SpecError
 
 
-def predict(model_ref: str, hardware: str, plans: list, world: int) -> list[float]:
-    """Predicted step time (s) of each plan on ``world`` devices of the hardware profile."""
-    return [t for t, _ in predict_all(model_ref, hardware, plans, world)]
+def predict(model_ref: str, hardware: str, plans: list, world: int, stack=None) -> list[float]:
+    """Predicted step time (s) of each plan on ``world`` devices of the hardware profile, under ``stack`` (None =
+    the profile each plan names)."""
+    return [t for t, _ in predict_all(model_ref, hardware, plans, world, stack)]
 
 
-def predict_all(model_ref: str, hardware: str, plans: list, world: int) -> list[tuple[float, float]]:
+def predict_all(model_ref: str, hardware: str, plans: list, world: int,
+                stack=None) -> list[tuple[float, float]]:
     """(step time s, peak tensor bytes of the busiest rank, allocator reserve excluded) of each plan."""
     from meshplan import catalog
     from meshplan.cost.estimate import estimate
@@ -31,7 +33,7 @@ def predict_all(model_ref: str, hardware: str, plans: list, world: int) -> list[
     spec, cluster = catalog.model(model_ref), catalog.cluster(f"{world}x{hardware}")
     out = []
     for p in plans:
-        e = estimate(spec, cluster, p)
+        e = estimate(spec, cluster, p, stack=stack)
         out.append((e.step_time, e.memory.total() - e.memory.reserved))
     return out
 
@@ -42,15 +44,16 @@ the median of the slowest rank's CPU time (blind to bubbles and peer waits)."""
 
 
 def measure_all(model_ref: str, plans: list, *, world: int, warmup: int, rounds: int, timeout_s: float,
-                device: str = "cpu") -> dict:
+                device: str = "cpu", stack=None) -> dict:
     """Every round's wall and CPU time of each plan, each STATS figure (``{stat}_s``) and, on a GPU, each plan's
     peak allocated bytes (``peak_bytes``), from one launch (see ``closed_loop.time_plans``)."""
     from meshplan.runtime.config import RunConfig
 
     with tempfile.TemporaryDirectory(prefix="meshplan-check-") as tmp:
         cfg_path, out_path = Path(tmp) / "configs.json", Path(tmp) / "times.json"
-        cfgs = [json.loads(RunConfig(plan=p, model=model_ref, steps=warmup + rounds, timeout_s=120).to_json())
-                for p in plans]
+        extra = {"stack": stack} if stack is not None else {}
+        cfgs = [json.loads(RunConfig(plan=p, model=model_ref, steps=warmup + rounds, timeout_s=120,
+                                     **extra).to_json()) for p in plans]
         cfg_path.write_text(json.dumps(cfgs))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                "--monitor-interval=0.2", "-m", "meshplan.runtime.closed_loop", str(cfg_path), str(out_path),
@@ -131,9 +134,9 @@ def run_check(*, model: str, space, hardware: str, full: bool, rounds: tuple[int
         plans = covering(plans)
     if not plans:
         raise SpecError("check", model, f"no feasible plan for {space.world} processes")
-    pred = predict_all(model, hardware, plans, space.world)
+    pred = predict_all(model, hardware, plans, space.world, space.stack)
     meas = measure_all(model, plans, world=space.world, warmup=rounds[0], rounds=rounds[1], timeout_s=timeout_s,
-                       device=device)
+                       device=device, stack=space.stack)
     out = score([plan_label(p) for p in plans], [t for t, _ in pred], meas[f"{stat}_s"])
     add_memory(out, [m for _, m in pred], meas.get("peak_bytes"))
     out.update(model=model, world=space.world, hardware=hardware, global_batch=space.global_batch,

@@ -8,6 +8,7 @@ import sys
 from meshplan import catalog
 from meshplan.errors import SpecError
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 
 
@@ -27,6 +28,21 @@ def resolve_cluster(gpus: str | None, cluster_file: str | None, fallback: str | 
     if not ref:
         raise SpecError("--gpus", None, "is required, e.g. --gpus 1024xa100-80gb or --cluster cluster.toml")
     return catalog.cluster(ref)
+
+
+def resolve_framework(name: str | None, *, file_settings: dict | None = None,
+                      flags: dict | None = None) -> FrameworkProfile:
+    """The software stack: the catalog preset ``name`` (a plan's ``framework``, or ``--framework``), with the plan
+    file's ``[framework]`` settings and then the command's flags (``--grad-dtype``...) on top; None-valued flags
+    are not given."""
+    profile = catalog.framework(name or catalog.DEFAULT_FRAMEWORK)
+    changes = {**(file_settings or {}), **{k: v for k, v in (flags or {}).items() if v is not None}}
+    return profile.with_(**changes) if changes else profile
+
+
+def stack_changes(stack: FrameworkProfile) -> dict:
+    """What a plan file records of ``stack`` beside its name: the settings that differ from its preset."""
+    return stack.changes_from(catalog.framework(stack.name))
 
 
 def print_json(obj: object) -> None:

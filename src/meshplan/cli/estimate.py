@@ -6,7 +6,14 @@ from typing import Optional
 
 import typer
 
-from meshplan.cli.common import gib, print_json, resolve_cluster, resolve_model
+from meshplan.cli.common import (
+    gib,
+    print_json,
+    resolve_cluster,
+    resolve_framework,
+    resolve_model,
+    stack_changes,
+)
 from meshplan.cost.result import INSIDE_COMPUTE
 from meshplan.errors import SpecError
 from meshplan.spec.io import read_plan_file
@@ -14,7 +21,9 @@ from meshplan.spec.plan import Plan
 
 # Flag name -> Plan field, named like the validation CSV's columns.
 PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "micro_batch", "global_batch", "seq_len", "recompute",
-              "sp", "precision", "schedule", "etp", "dp_shard", "cp_kind", "recompute_layers", "tp_comm_overlap")
+              "sp", "precision", "schedule", "etp", "dp_shard", "cp_kind", "recompute_layers", "framework")
+# Flag name -> FrameworkProfile field: the stack's settings a command may change for one prediction.
+STACK_FLAGS = ("tp_comm_overlap", "grad_dtype", "optimizer_dtype")
 
 
 def build_plan(base: Plan | None, flags: dict, n_gpus: int) -> Plan:
@@ -38,14 +47,7 @@ def build_plan(base: Plan | None, flags: dict, n_gpus: int) -> Plan:
     return Plan(**fields)
 
 
-def sim_pipeline(schedule_obj=None):
-    """A pipeline-time function backed by the event simulator (custom schedules, uneven stages)."""
-    from meshplan.sim.adapter import simulated_pipeline
-
-    return simulated_pipeline(schedule_obj)
-
-
-def render(est, model, cluster, plan) -> str:
+def render(est, model, cluster, plan, stack=None) -> str:
     """Readable tables of the estimate."""
     from io import StringIO
 
@@ -59,7 +61,9 @@ def render(est, model, cluster, plan) -> str:
               f"{f' vpp={plan.vpp}' if plan.vpp > 1 else ''} dp={plan.dp} zero={plan.zero} ep={plan.ep} "
               f"mb={plan.micro_batch} gbs={plan.global_batch} seq={plan.seq_len} recompute={plan.recompute} "
               f"{plan.precision} schedule={plan.schedule_name if plan.pp > 1 else '-'}")
-    for k, v in (("layout", layout), ("step time", f"{est.step_time:.3f} s"),
+    stack_line = plan.framework + (f" ({', '.join(f'{k}={v}' for k, v in stack_changes(stack).items())})"
+                                   if stack is not None and stack_changes(stack) else "")
+    for k, v in (("layout", layout), ("framework", stack_line), ("step time", f"{est.step_time:.3f} s"),
                  ("tokens/s", f"{est.tokens_per_s:,.0f}"), ("MFU", f"{100 * est.mfu:.1f} %"),
                  ("peak memory / GPU", f"{gib(est.peak_memory)} GiB of {gib(est.capacity)} GiB"
                   f"{'' if est.fits else '  (DOES NOT FIT)'}"), ("pipeline", est.pipeline_source)):
@@ -106,7 +110,14 @@ def register(app: typer.Typer) -> None:
         sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism."),
         precision: Optional[str] = typer.Option(None, help="bf16 | fp16 | fp32 | fp8"),
         cp_kind: Optional[str] = typer.Option(None, "--cp-kind", help="ring | a2a"),
-        tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap"),
+        framework: Optional[str] = typer.Option(None, "--framework",
+                                                help="Software stack profile (catalog/frameworks), default: the "
+                                                     "plan file's, else megatron-core."),
+        tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap",
+                                                       help="Override the stack's TP communication overlap."),
+        grad_dtype: Optional[str] = typer.Option(None, "--grad-dtype", help="Override the stack's gradient dtype."),
+        optimizer_dtype: Optional[str] = typer.Option(None, "--optimizer-dtype",
+                                                      help="Override the stack's Adam moment dtype."),
         schedule: Optional[str] = typer.Option(None, help="Pipeline schedule from the registry."),
         schedule_file: Optional[str] = typer.Option(None, "--schedule-file", help="Custom schedule CSV."),
         simulate: bool = typer.Option(False, "--simulate", help="Use the event simulator for the pipeline."),
@@ -114,26 +125,25 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Predict step time and per-GPU memory of one plan."""
-        from meshplan.cost.estimate import estimate as run_estimate
-
         base, refs = read_plan_file(plan) if plan else (None, {})
         mdl = resolve_model(model, refs.get("model"))
         clu = resolve_cluster(gpus, cluster, refs.get("gpus") or refs.get("cluster"))
         local = locals()
         the_plan = build_plan(base, {k: local[k] for k in PLAN_FLAGS}, clu.n_gpus)
+        stack = resolve_framework(the_plan.framework, file_settings=refs.get("framework"),
+                                  flags={k: local[k] for k in STACK_FLAGS})
         sched_obj = _load_schedule(schedule_file, the_plan) if schedule_file else None
-        from meshplan.cost.pipeline import EXACT_ON_UNIFORM
+        from meshplan.sim.predict import predict
 
-        # The closed forms are exact only for the looped schedules on even stages; anything else is simulated.
-        use_sim = (simulate or sched_obj is not None or trace is not None or bool(the_plan.layer_split)
-                   or (the_plan.pp > 1 and the_plan.schedule_name not in EXACT_ON_UNIFORM))
-        est = run_estimate(mdl, clu, the_plan, pipeline=sim_pipeline(sched_obj) if use_sim else None)
+        est = predict(mdl, clu, the_plan, stack=stack, schedule=sched_obj,
+                      simulate=True if (simulate or trace is not None) else None)
         if trace:
             _write_trace(trace, est, the_plan, sched_obj)
         if as_json:
-            print_json({"model": mdl.name, "gpus": clu.describe(), "plan": the_plan.to_dict(), **est.as_dict()})
+            print_json({"model": mdl.name, "gpus": clu.describe(), "plan": the_plan.to_dict(),
+                        "framework": {"name": stack.name, **stack_changes(stack)}, **est.as_dict()})
         else:
-            typer.echo(render(est, mdl, clu, the_plan))
+            typer.echo(render(est, mdl, clu, the_plan, stack))
 
 
 def _load_schedule(path: str, plan: Plan):
@@ -147,7 +157,8 @@ def _load_schedule(path: str, plan: Plan):
 
 
 def _write_trace(path: str, est, plan: Plan, sched_obj) -> None:
-    from meshplan.sim import simulate, write_chrome_trace
+    from meshplan.export.trace import write_chrome_trace
+    from meshplan.sim import simulate
 
     tl = simulate(sched_obj or plan.schedule_name, est.stage_times, pp=plan.pp, vpp=plan.vpp,
                   n_micro=plan.n_micro)

@@ -23,11 +23,12 @@ def register(app: typer.Typer) -> None:
         max_memory_fraction: Optional[float] = typer.Option(
             None, "--max-memory-fraction", help="Judge fit against a memory limit (share of device memory)."),
         width: int = typer.Option(100, "--width", min=60, help="Text width in columns."),
+        framework: str = typer.Option("", "--framework", help="Software stack (default: the plan file's)."),
     ) -> None:
         """Explain a plan in plain text: where the time goes, what limits it, how its variants compare."""
         from meshplan.cli.report import load_report
         from meshplan.report import render_text
 
         rep = load_report(plan_file, model_ref=model, gpus=gpus, cluster_file=cluster, variants=variants,
-                          max_memory_fraction=max_memory_fraction)
+                          max_memory_fraction=max_memory_fraction, framework=framework)
         typer.echo(render_text(rep, width=width), nl=False)

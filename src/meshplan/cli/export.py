@@ -15,9 +15,9 @@ APPROXIMATE_EXIT = 3
 
 
 def run_export(plan_file: str, *, to: str, out: str = "", model_ref: str = "", gpus: str = "", fmt: str = "",
-               allow_approximate: bool = False) -> int:
+               framework: str = "", allow_approximate: bool = False) -> int:
     """Export a plan file; returns the exit status."""
-    from meshplan.cli.common import resolve_model
+    from meshplan.cli.common import resolve_framework, resolve_model
     from meshplan.export.base import get_exporter, render_export, resolve_format
     from meshplan.spec.io import read_plan_file
 
@@ -25,7 +25,10 @@ def run_export(plan_file: str, *, to: str, out: str = "", model_ref: str = "", g
     fmt = resolve_format(exporter, fmt)
     plan, refs = read_plan_file(plan_file)
     model = resolve_model(model_ref or None, refs.get("model"))
-    result = render_export(exporter, model, plan, gpus=gpus or refs.get("gpus", ""), fmt=fmt)
+    if framework:
+        plan = plan.with_(framework=framework)
+    stack = resolve_framework(plan.framework, file_settings=refs.get("framework") if not framework else None)
+    result = render_export(exporter, model, plan, stack, gpus=gpus or refs.get("gpus", ""), fmt=fmt)
     if out:
         Path(out).write_text(result.text)
     else:
@@ -50,11 +53,13 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option("", "--model", help="Model (catalog name or file); overrides the plan file's."),
         gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 256xh100-sxm; overrides the plan file's."),
         fmt: str = typer.Option("", "--format", help="Output layout; torchtitan: toml (0.1/0.2) or python (>=0.3)."),
+        framework: str = typer.Option("", "--framework",
+                                      help="The stack the plan was predicted for (default: the plan file's)."),
         allow_approximate: bool = typer.Option(False, "--allow-approximate",
                                                help="Exit 0 even when the framework cannot express the whole plan."),
     ) -> None:
         """Export a plan to Megatron-LM, torchtitan or DeepSpeed configuration."""
-        code = run_export(plan_file, to=to, out=out, model_ref=model, gpus=gpus, fmt=fmt,
+        code = run_export(plan_file, to=to, out=out, model_ref=model, gpus=gpus, fmt=fmt, framework=framework,
                           allow_approximate=allow_approximate)
         if code:
             raise typer.Exit(code)

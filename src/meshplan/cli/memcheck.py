@@ -18,9 +18,11 @@ COMPONENTS = ("params", "grads", "optimizer", "activations", "tensors")
 def predicted(spec, cluster, plan, stage: int) -> dict:
     """The cost model's memory of pipeline rank ``stage``: its components, activations and buffers joined
     (the tracker cannot tell logits or FSDP units from activations), ``tensors`` = all but reserved."""
+    from meshplan import catalog
     from meshplan.cost.estimate import estimate
 
-    est = estimate(spec, cluster, plan)
+    # What is measured is this runtime: the meshplan stack, whatever stack the plan names.
+    est = estimate(spec, cluster, plan.with_(framework="meshplan"), stack=catalog.framework("meshplan"))
     m = est.memory_per_stage[stage]
     return {"params": m.params, "grads": m.grads, "optimizer": m.optimizer,
             "activations": m.activations + m.buffers, "tensors": m.total() - m.reserved,
@@ -94,6 +96,7 @@ def register(app: typer.Typer) -> None:
             from meshplan.spec.io import read_plan_file
 
             plan, _ = read_plan_file(plan_file)
+            plan = plan.with_(framework="meshplan")  # what is measured is this runtime, whatever the plan names
         else:
             if dp == 0:
                 n = catalog.cluster(gpus).n_gpus
@@ -102,12 +105,12 @@ def register(app: typer.Typer) -> None:
                 dp = n // (tp * pp)
             plan = Plan(global_batch=global_batch, seq_len=seq_len, micro_batch=micro_batch, tp=tp, sp=sp, pp=pp,
                         dp=dp, ep=ep, zero=zero if dp > 1 else 0, recompute=recompute, schedule=schedule,
-                        precision="bf16", fused_kernels=False, fused_optimizer=False)  # eager runtime
+                        precision="bf16", framework="meshplan")  # the runtime's own stack
         cluster = catalog.cluster(gpus)
         if cluster.n_gpus != plan.n_gpus:
             raise SpecError("--gpus", gpus, f"has {cluster.n_gpus} GPUs, the plan needs {plan.n_gpus}")
-        from meshplan.runtime.launch import validate
         from meshplan.runtime.config import RunConfig
+        from meshplan.runtime.launch import validate
         from meshplan.runtime.memcheck import with_layers
 
         validate(RunConfig(plan=plan, model=model), plan.n_gpus)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -37,7 +38,12 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
     """Search, print, optionally write the winner; returns the exit status."""
     from rich.progress import Progress
 
-    from meshplan.cli.common import print_json, resolve_cluster, resolve_model
+    from meshplan.cli.common import (
+        print_json,
+        resolve_cluster,
+        resolve_model,
+        stack_changes,
+    )
     from meshplan.search import render_text, result_json, search
     from meshplan.spec.io import plan_file_text
 
@@ -62,6 +68,7 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
     if out:
         win = result.best
         Path(out).write_text(plan_file_text(win.plan, model=model_ref, gpus=win.cluster.describe(),
+                                            framework=stack_changes(request.framework),
                                             predicted={"step_time_s": win.step_time,
                                                        "peak_memory_gib": win.best.peak_memory / 2**30}))
     return 0
@@ -96,13 +103,22 @@ def register(app: typer.Typer) -> None:
         ep: int = typer.Option(0, "--ep", help="Pin the expert-parallel degree."),
         micro_batch: int = typer.Option(0, "--micro-batch", help="Pin the micro-batch size."),
         recompute: str = typer.Option("", "--recompute", help="Pin none, selective or full."),
-        grad_dtype: str = typer.Option("fp32", "--grad-dtype",
-                                       help="Gradient buffers: fp32, or bf16 (Megatron's precision-aware optimizer)."),
-        optimizer_dtype: str = typer.Option("fp32", "--optimizer-dtype", help="Adam moments: fp32 or bf16."),
+        framework: str = typer.Option("megatron-core", "--framework",
+                                      help="Software stack the plans run under (catalog/frameworks): its kernels, "
+                                           "FSDP flavour, overlap, and the layouts it can run."),
+        grad_dtype: Optional[str] = typer.Option(None, "--grad-dtype",
+                                                 help="Gradient buffers: fp32, or bf16 (Megatron's precision-aware "
+                                                      "optimizer); default: the framework's."),
+        optimizer_dtype: Optional[str] = typer.Option(None, "--optimizer-dtype",
+                                                      help="Adam moments: fp32 or bf16; default: the framework's."),
+        tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap",
+                                                       help="Overlap TP communication with GEMMs (Megatron/TE "
+                                                            "userbuffers); default: the framework's."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
         out: str = typer.Option("", "--out", help="Write the winner as a plan file (TOML)."),
     ) -> None:
         """Find the fastest (or cheapest) parallel layout that fits."""
+        from meshplan.cli.common import resolve_framework
         from meshplan.search import SearchRequest
 
         pins = {k: v for k, v in dict(tp=tp, cp=cp, pp=pp, vpp=vpp, dp=dp, ep=ep, micro_batch=micro_batch).items()
@@ -111,8 +127,9 @@ def register(app: typer.Typer) -> None:
         if zero >= 0:
             pins["zero"] = zero
         prices = _prices(price)
-        request = SearchRequest(global_batch=global_batch, seq_len=seq_len, precision=precision,
-                                grad_dtype=grad_dtype, optimizer_dtype=optimizer_dtype,
+        stack = resolve_framework(framework, flags=dict(grad_dtype=grad_dtype, optimizer_dtype=optimizer_dtype,
+                                                        tp_comm_overlap=tp_comm_overlap))
+        request = SearchRequest(global_batch=global_batch, seq_len=seq_len, precision=precision, framework=stack,
                                 max_memory_fraction=max_memory_fraction, objective="cost" if prices else "time",
                                 prices=prices, pins=pins, top=top, simulate=not no_sim)
         code = run_plan(model_ref=model, gpus=gpus, cluster_file=cluster, request=request, as_json=as_json, out=out)

@@ -12,17 +12,17 @@ from meshplan.errors import SpecError
 
 
 def load_report(plan_file: str, *, model_ref: str = "", gpus: str = "", cluster_file: str = "",
-                variants: bool = True, max_memory_fraction: float | None = None):
+                variants: bool = True, max_memory_fraction: float | None = None, framework: str = ""):
     """Read a plan file, estimate it with the event simulator, simulate its step, and evaluate its variants.
 
     Args:
         max_memory_fraction: planner's memory limit as a share of device memory (None = no limit drawn).
     """
-    from meshplan.cli.common import resolve_cluster, resolve_model
-    from meshplan.cli.estimate import sim_pipeline
+    from meshplan.cli.common import resolve_cluster, resolve_framework, resolve_model
     from meshplan.cost.estimate import estimate
     from meshplan.report import build_report, evaluate_variants
     from meshplan.sim import simulate
+    from meshplan.sim.adapter import simulated_pipeline
     from meshplan.spec.io import read_plan_file
 
     if max_memory_fraction is not None and not 0 < max_memory_fraction <= 4:
@@ -30,10 +30,13 @@ def load_report(plan_file: str, *, model_ref: str = "", gpus: str = "", cluster_
     plan, refs = read_plan_file(plan_file)
     model = resolve_model(model_ref or None, refs.get("model"))
     cluster = resolve_cluster(gpus or None, cluster_file or None, refs.get("gpus") or refs.get("cluster"))
-    pipeline = sim_pipeline()
-    est = estimate(model, cluster, plan, pipeline=pipeline)
+    if framework:
+        plan = plan.with_(framework=framework)
+    stack = resolve_framework(plan.framework, file_settings=None if framework else refs.get("framework"))
+    pipeline = simulated_pipeline()
+    est = estimate(model, cluster, plan, stack=stack, pipeline=pipeline)
     timeline = simulate(plan.schedule_name, est.stage_times, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
-    alts, skipped = evaluate_variants(model, cluster, plan, pipeline=pipeline) if variants else ([], [])
+    alts, skipped = evaluate_variants(model, cluster, plan, stack=stack, pipeline=pipeline) if variants else ([], [])
     limit = max_memory_fraction * est.capacity if max_memory_fraction is not None else None
     return build_report(model, cluster, plan, est, timeline, alternatives=alts, memory_limit=limit,
                         skipped=skipped)
@@ -65,8 +68,9 @@ def register(app: typer.Typer) -> None:
                                            "schedule)."),
         max_memory_fraction: Optional[float] = typer.Option(
             None, "--max-memory-fraction", help="Draw and judge against a memory limit (share of device memory)."),
+        framework: str = typer.Option("", "--framework", help="Software stack (default: the plan file's)."),
     ) -> None:
         """Write a self-contained HTML report of a plan: figures, Gantt chart, memory, time, alternatives."""
         size = write_report(plan_file, out=out, model_ref=model, gpus=gpus, cluster_file=cluster,
-                            variants=variants, max_memory_fraction=max_memory_fraction)
+                            variants=variants, max_memory_fraction=max_memory_fraction, framework=framework)
         typer.echo(f"wrote {out} ({size / 2**20:.1f} MiB)")

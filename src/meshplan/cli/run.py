@@ -5,6 +5,7 @@ torch is imported only inside the command, so ``meshplan --help`` and planning n
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import typer
@@ -53,8 +54,12 @@ def register(app: typer.Typer) -> None:
         if profile_steps and not out:
             raise SpecError("--profile", profile, "needs --out FOLDER for the traces")
 
-        from meshplan.runtime.config import RunConfig
+        from meshplan.runtime.config import RUNTIME_STACK, RunConfig
         from meshplan.runtime.launch import launch
+
+        if the_plan.framework != RUNTIME_STACK:
+            print(f"note: the plan was predicted for {the_plan.framework}; meshplan's runtime runs it as the "
+                  f"{RUNTIME_STACK} stack (predict that with --framework {RUNTIME_STACK})", file=sys.stderr)
 
         cfg = RunConfig(plan=the_plan, model=model_ref, steps=steps, seed=seed, data=data, lr=lr,
                         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,

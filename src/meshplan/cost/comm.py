@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from meshplan.cost.calib import Calibration
 from meshplan.errors import unknown_name
+from meshplan.spec.calibration import Calibration
 from meshplan.spec.cluster import GroupLink, Pool, group_link
 from meshplan.spec.plan import Plan
 

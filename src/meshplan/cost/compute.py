@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshplan.cost.calib import Calibration
 from meshplan.cost.ops import Gemm, LayerOps
+from meshplan.spec.calibration import Calibration
 from meshplan.spec.hardware import GPUSpec
 
 DTYPE_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}

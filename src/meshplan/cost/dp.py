@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost.calib import Calibration
 from meshplan.cost.comm import Links, collective_time
 from meshplan.cost.memory import bytes_per_param
+from meshplan.spec.calibration import Calibration
 from meshplan.spec.cluster import GroupLink
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.plan import Plan
 
 # Megatron's DDP bucket: max(40M, 1M x dp) parameters (megatron/core/distributed/distributed_data_parallel.py).
@@ -33,26 +34,21 @@ class DPCost:
     """All DP communication time before overlap, per step (informative)."""
 
 
-def _expert_group(plan: Plan) -> int:
-    """Expert-data-parallel degree: the ranks that replicate one expert shard (Megatron MoE layout)."""
-    return max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1)
+def on_any(stack: FrameworkProfile) -> bool:
+    """The stack overlaps some DP/FSDP traffic."""
+    return stack.overlap_param_gather or stack.overlap_grad_reduce
 
 
-def on_any(plan: Plan) -> bool:
-    """Some DP/FSDP overlap is enabled."""
-    return plan.overlap_param_gather or plan.overlap_grad_reduce
-
-
-def fsdp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: Calibration, fwd: float,
-              bwd: float, n_units: int, n_tensors: int = 0) -> DPCost:
+def fsdp_cost(dense: float, expert: float, *, plan: Plan, stack: FrameworkProfile, links: Links,
+              calib: Calibration, fwd: float, bwd: float, n_units: int, n_tensors: int = 0) -> DPCost:
     """ZeRO-3/FSDP2 per micro-batch: all-gather bf16 parameters before forward and again before backward
     (reshard after forward), reduce-scatter fp32 gradients; prefetching hides them behind the previous
     unit's compute except the first unit. HSDP adds a once-per-step all-reduce of the sharded gradients
     across replicas. ``n_tensors``: parameter tensors on the rank, each its own collective when
-    ``plan.zero_gather`` is ``param``."""
+    the stack's ``zero_gather`` is ``param``."""
     shard = plan.zero_group
     units = max(n_units, 1)
-    calls = max(n_tensors, units) if plan.zero_gather == "param" else units
+    calls = max(n_tensors, units) if stack.zero_gather == "param" else units
     w_bytes = 2.0 if plan.precision != "fp32" else 4.0
 
     def per_unit(kind: str, params: float, nbytes: float, size: int, link) -> float:
@@ -63,16 +59,16 @@ def fsdp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: C
     ag = per_unit("all_gather", dense, w_bytes, shard, links.dp_shard)
     rs = per_unit("reduce_scatter", dense, 4.0, shard, links.dp_shard)
     if expert:
-        eg = _expert_group(plan)
+        eg = plan.expert_dp
         ag += per_unit("all_gather", expert, w_bytes, eg, links.dp)
         rs += per_unit("reduce_scatter", expert, 4.0, eg, links.dp)
     if plan.pp > 1 and plan.n_micro > 1:
         # Under a pipeline schedule FSDP2 keeps parameters unsharded across micro-batches and syncs gradients
         # only on the last backward (torch.distributed.pipelining; torchtitan's reshard policy for PP):
         # one gather and one reduce-scatter per step.
-        per_step = max(ag + rs - calib.overlap_eff * (fwd + bwd), (ag + rs) / units) if on_any(plan) else ag + rs
+        per_step = max(ag + rs - calib.overlap_eff * (fwd + bwd), (ag + rs) / units) if on_any(stack) else ag + rs
         return DPCost(per_step=per_step, total_traffic=ag + rs)
-    on = plan.overlap_param_gather
+    on = stack.overlap_param_gather
     f = max(ag - calib.overlap_eff * fwd, ag / units) if on else ag
     b = max(ag + rs - calib.overlap_eff * bwd, (ag + rs) / units) if on else ag + rs
     # Each unit's blocking calls (one gather in forward; gather and reduce-scatter in backward) cost the host
@@ -81,47 +77,47 @@ def fsdp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: C
     b += 2 * calls * calib.sync_s
     rep = plan.dp_replicate
     ar = collective_time("all_reduce", dense / shard * 4.0, size=rep, link=links.dp_replicate, calib=calib)
-    per_step = max(ar - calib.overlap_eff * bwd, 0.0) if plan.overlap_grad_reduce else ar
+    per_step = max(ar - calib.overlap_eff * bwd, 0.0) if stack.overlap_grad_reduce else ar
     return DPCost(per_micro_fwd=f, per_micro_bwd=b, per_step=per_step,
                   total_traffic=(2 * ag + rs) * plan.n_micro + ar)
 
 
-def ddp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: Calibration, fwd: float,
-             bwd: float) -> DPCost:
+def ddp_cost(dense: float, expert: float, *, plan: Plan, stack: FrameworkProfile, links: Links,
+             calib: Calibration, fwd: float, bwd: float) -> DPCost:
     """ZeRO 0-2 once per step: gradients reduced during the last micro-batch's backward (overlap_grad_reduce,
     bucketed), updated bf16 parameters gathered during the next forward (overlap_param_gather). The last
     bucket cannot hide."""
-    _, g_bytes, _ = bytes_per_param(plan)
+    _, g_bytes, _ = bytes_per_param(plan, stack)
     group = plan.dp * plan.cp
     kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
     red = collective_time(kind, dense * g_bytes, size=group, link=links.dp, calib=calib)
     bucket = collective_time(kind, min(BUCKET_PARAMS, dense) * g_bytes, size=group, link=links.dp, calib=calib)
     gather = bucket_g = 0.0
     if plan.zero:
-        w_bytes, _, _ = bytes_per_param(plan)
+        w_bytes, _, _ = bytes_per_param(plan, stack)
         gather = collective_time("all_gather", dense * w_bytes, size=group, link=links.dp, calib=calib)
         bucket_g = collective_time("all_gather", min(BUCKET_PARAMS, dense) * w_bytes, size=group, link=links.dp,
                                    calib=calib)
     if expert:
-        eg = _expert_group(plan)
+        eg = plan.expert_dp
         red += collective_time(kind, expert * g_bytes, size=eg, link=links.dp, calib=calib)
         if plan.zero:
             gather += collective_time("all_gather", expert * w_bytes, size=eg, link=links.dp, calib=calib)
-    exp_red = max(red - calib.overlap_eff * bwd, bucket) if plan.overlap_grad_reduce else red
-    exp_gat = max(gather - calib.overlap_eff * fwd, bucket_g) if plan.overlap_param_gather else gather
+    exp_red = max(red - calib.overlap_eff * bwd, bucket) if stack.overlap_grad_reduce else red
+    exp_gat = max(gather - calib.overlap_eff * fwd, bucket_g) if stack.overlap_param_gather else gather
     return DPCost(per_step=exp_red + exp_gat, total_traffic=red + gather)
 
 
-def dp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: Calibration, fwd: float, bwd: float,
-            n_units: int, n_tensors: int = 0) -> DPCost:
+def dp_cost(dense: float, expert: float, *, plan: Plan, stack: FrameworkProfile, links: Links, calib: Calibration,
+            fwd: float, bwd: float, n_units: int, n_tensors: int = 0) -> DPCost:
     """Data-parallel cost of one pipeline rank holding ``dense``/``expert`` parameters (``n_tensors`` tensors
     in ``n_units`` layers); ``fwd``/``bwd`` are its compute per micro-batch (s) that traffic can hide behind."""
     if plan.dp * plan.cp <= 1 and plan.shard_group <= 1 and not expert:
         return DPCost()
     if plan.zero == 3:
-        return fsdp_cost(dense, expert, plan=plan, links=links, calib=calib, fwd=fwd, bwd=bwd, n_units=n_units,
-                         n_tensors=n_tensors)
-    return ddp_cost(dense, expert, plan=plan, links=links, calib=calib, fwd=fwd, bwd=bwd)
+        return fsdp_cost(dense, expert, plan=plan, stack=stack, links=links, calib=calib, fwd=fwd, bwd=bwd,
+                         n_units=n_units, n_tensors=n_tensors)
+    return ddp_cost(dense, expert, plan=plan, stack=stack, links=links, calib=calib, fwd=fwd, bwd=bwd)
 
 
 # AdamW per parameter tensor without multi-tensor apply: weight decay, two moment updates, bias corrections,
@@ -129,25 +125,31 @@ def dp_cost(dense: float, expert: float, *, plan: Plan, links: Links, calib: Cal
 ADAM_OPS_PER_TENSOR = 10
 
 
-def optimizer_time(dense: float, expert: float, *, plan: Plan, hbm_bandwidth: float, mem_eff: float,
-                   n_tensors: int = 0, host_s: float = 0.0, host_floor_s: float = 0.0) -> float:
+def optimizer_time(dense: float, expert: float, *, plan: Plan, stack: FrameworkProfile, hbm_bandwidth: float,
+                   mem_eff: float, n_tensors: int = 0, host_s: float = 0.0, host_floor_s: float = 0.0) -> float:
     """Adam step, memory-bound: read fp32 master, m, v and gradient, write master, m, v and the 16-bit weight
     (``adam_bytes`` per locally owned parameter; multi-tensor apply), plus ``host_s`` of host overhead per op on
     ``n_tensors`` parameter tensors where it does not overlap (CPUs); on a GPU no shorter than issuing those
     ops at ``host_floor_s`` each (launches overlap the device: the slower sets the pace)."""
-    shard = plan.zero_group
-    eshard = _expert_group(plan) if plan.zero >= 1 else 1
-    local = dense / shard + expert / eshard
-    ops = fused_adam_launches(n_tensors, local) if plan.fused_optimizer else n_tensors * ADAM_OPS_PER_TENSOR
-    return max(adam_bytes(plan) * local / (hbm_bandwidth * mem_eff), ops * host_floor_s) + ops * host_s
+    local = owned_params(plan, dense=dense, expert=expert)
+    ops = fused_adam_launches(n_tensors, local) if stack.fused_optimizer else n_tensors * ADAM_OPS_PER_TENSOR
+    return max(adam_bytes(stack) * local / (hbm_bandwidth * mem_eff), ops * host_floor_s) + ops * host_s
 
 
-def adam_bytes(plan: Plan) -> float:
+def owned_params(plan: Plan, *, dense: float, expert: float) -> float:
+    """Parameters whose optimizer states a rank updates: its dense ones over the ZeRO group and its experts over
+    their share of it, the same division as their memory (``meshplan.cost.memory.sharded_state``)."""
+    if not plan.zero:
+        return dense + expert
+    return dense / plan.zero_group + expert / plan.expert_zero_group
+
+
+def adam_bytes(stack: FrameworkProfile) -> float:
     """HBM bytes the Adam step moves per locally owned parameter: read master, both moments and the gradient,
     write master and moments, write the 16-bit weight (4+4+4+4 + 4+4+4 + 2 = 30 in fp32; bf16 moments and
     gradients move 2 bytes each instead of 4)."""
-    m = 2.0 if plan.optimizer_dtype == "bf16" else 4.0
-    g = 2.0 if plan.grad_dtype == "bf16" else 4.0
+    m = 2.0 if stack.optimizer_dtype == "bf16" else 4.0
+    g = 2.0 if stack.grad_dtype == "bf16" else 4.0
     return 4.0 + 2 * m + g + 4.0 + 2 * m + 2.0
 
 

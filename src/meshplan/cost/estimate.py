@@ -8,18 +8,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from meshplan import catalog
 from meshplan.cost.calib import calibration_for
 from meshplan.cost.comm import collective_time, plan_links
 from meshplan.cost.dp import DPCost, cross_pool_reduce, dp_cost, optimizer_time
-from meshplan.cost.memory import RankLoad, bytes_per_param, layer_recompute_mode, rank_memory
+from meshplan.cost.memory import (
+    RankLoad,
+    bytes_per_param,
+    layer_recompute_mode,
+    rank_memory,
+)
 from meshplan.cost.ops import layer_ops
-from meshplan.cost.pipeline import closed_form, inflight_microbatches, rank_stages, stage_rank
+from meshplan.cost.pipeline import closed_form, inflight_microbatches, stage_rank
 from meshplan.cost.result import Estimate, MemoryBreakdown, StageTimes, TimeBreakdown
-from meshplan.cost.stage import Ctx, LayerCost, head_cost, layer_cost, mtp_depth, stage_params, tokens_of
-from meshplan.spec.checks import check_plan, layer_split, replicas_per_pool
+from meshplan.cost.stage import (
+    Ctx,
+    LayerCost,
+    head_cost,
+    layer_cost,
+    mtp_depth,
+    stage_params,
+    tokens_of,
+)
+from meshplan.errors import PlanError, SpecError
+from meshplan.spec.checks import (
+    check_plan,
+    layer_split,
+    replicas_per_pool,
+    stack_violations,
+)
 from meshplan.spec.cluster import ClusterSpec, GroupLink, Pool
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import BlockSpec, ModelSpec
 from meshplan.spec.plan import Plan
+from meshplan.spec.schedules import rank_stages
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,19 +161,18 @@ def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCo
     fwd = sum(times.fwd[v] for v in idx)
     bwd = sum(times.bwd_input[v] + times.bwd_weight[v] for v in idx)
     n_tensors = sum(c.n_params for c in rows) + 2  # layers' tensors, plus embedding/head and final norm
-    dp = dp_cost(dense, expert, plan=plan, links=ctx.links, calib=ctx.calib, fwd=fwd, bwd=bwd,
+    dp = dp_cost(dense, expert, plan=plan, stack=ctx.stack, links=ctx.links, calib=ctx.calib, fwd=fwd, bwd=bwd,
                  n_units=max(len(rows), 1), n_tensors=n_tensors)
     inflight = inflight_microbatches(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro, rank=r)
     act = inflight * sum(times.act_bytes[v] for v in idx)
     extra = max((c.full_act_bytes - c.act_bytes for c in rows), default=0.0)
     load = RankLoad(dense=dense, expert=expert, act=act, act_one=sum(times.act_bytes[v] for v in idx), recompute=extra,
                     root=root_params(model, plan, first, last), n_units=len(rows), first=first, last=last)
-    mem = rank_memory(model, plan, load, generation=ctx.gpu.generation)
+    mem = rank_memory(model, plan, ctx.stack, load, generation=ctx.gpu.generation)
     # Sharded (ZeRO/FSDP2) and tensor-parallel parameters are DTensors: their optimizer ops pay dispatch too.
     host = ctx.calib.op_overhead_s + (ctx.calib.dtensor_overhead_s if (plan.zero or plan.tp > 1) else 0.0)
-    opt = optimizer_time(dense, expert, plan=plan, hbm_bandwidth=ctx.gpu.hbm_bandwidth, mem_eff=ctx.calib.mem_eff,
-                         n_tensors=n_tensors, host_s=host,
-                         host_floor_s=ctx.calib.host_op_s)
+    opt = optimizer_time(dense, expert, plan=plan, stack=ctx.stack, hbm_bandwidth=ctx.gpu.hbm_bandwidth,
+                         mem_eff=ctx.calib.mem_eff, n_tensors=n_tensors, host_s=host, host_floor_s=ctx.calib.host_op_s)
     return RankCost(compute=sum(c.fwd + c.bwd_input + c.bwd_weight for c in rows),
                     recompute=sum(c.recompute for c in rows), host_wait=sum(c.host_wait for c in rows),
                     tp=sum(c.tp_f + c.tp_b for c in rows),
@@ -169,32 +190,50 @@ def model_flops(model: ModelSpec, plan: Plan) -> float:
     """Model FLOPs per step: 3x the forward (GEMMs, causal attention core, logits), no recompute, counted on
     the unpartitioned model (the 'model FLOPs' of Korthikanti et al. 2022, sec. 6)."""
     unit = Plan(global_batch=1, seq_len=plan.seq_len, micro_batch=1)
+    flash = FrameworkProfile(name="model-flops")  # causal attention counted once, whatever kernel runs it
     fwd = 0.0
     for b in model.blocks:
-        ops = layer_ops(b.layer, tokens=b.tokens or plan.seq_len, plan=unit, seq=b.tokens or plan.seq_len)
+        ops = layer_ops(b.layer, tokens=b.tokens or plan.seq_len, plan=unit, stack=flash,
+                        seq=b.tokens or plan.seq_len)
         fwd += b.n_layers * (sum(g.flops for g in ops.gemms) + ops.attn_flops)
     fwd += 2.0 * plan.seq_len * model.hidden * model.vocab * (1 + mtp_depth(model))  # one head per MTP depth
     return 3.0 * fwd * plan.global_batch
 
 
-def estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
+def resolve_stack(plan: Plan, stack: FrameworkProfile | None) -> FrameworkProfile:
+    """The profile a plan runs under: ``stack`` when given (a recipe's or a flag's variant of the plan's preset),
+    else the catalog preset the plan names; the two must agree on the name."""
+    if stack is None:
+        return catalog.framework(plan.framework)
+    if stack.name != plan.framework:
+        raise SpecError("plan.framework", plan.framework, f"the plan names {plan.framework} but is estimated under the "
+                        f"{stack.name} profile; set plan.framework = {stack.name!r}")
+    return stack
+
+
+def estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, stack: FrameworkProfile | None = None,
              calib: dict[str, dict[str, float]] | None = None, pipeline=None) -> Estimate:
-    """Predict one optimizer step of ``plan`` for ``model`` on ``cluster``.
+    """Predict one optimizer step of ``plan`` for ``model`` on ``cluster`` under its software stack.
 
     Args:
+        stack: the stack's profile; None = the catalog preset ``plan.framework`` names.
         calib: calibration table ``{generation: {constant: value}}``; None = the packaged fitted table.
         pipeline: optional ``f(schedule, times, pp, vpp, n_micro) -> PipelineTime`` (the simulator); None =
             the closed form.
     """
+    stack = resolve_stack(plan, stack)
     check_plan(model, cluster, plan)
+    bad = stack_violations(plan, stack)
+    if bad:
+        raise PlanError(bad)
     if plan.batch_shares:
-        return _shared_estimate(model, cluster, plan, calib=calib, pipeline=pipeline)
+        return _shared_estimate(model, cluster, plan, stack=stack, calib=calib, pipeline=pipeline)
     stages = stage_layers(model, plan)
     ctxs, by_pool = [], {}
     for r in range(plan.pp):
         pool = rank_pool(cluster, plan, r)
         if id(pool) not in by_pool:
-            by_pool[id(pool)] = Ctx(model=model, plan=plan, gpu=pool.gpu, links=plan_links(plan, pool),
+            by_pool[id(pool)] = Ctx(model=model, plan=plan, stack=stack, gpu=pool.gpu, links=plan_links(plan, pool),
                                     calib=calibration_for(pool.gpu.name, pool.gpu.generation, calib,
                                                           pool.gpu.calibration))
         ctxs.append(by_pool[id(pool)])
@@ -267,18 +306,18 @@ def _assemble(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, times: Stag
 
 
 # -- uneven data-parallel batch shares (only plans with ``batch_shares``) ------------------------------------------
-def replica_estimates(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
+def replica_estimates(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, stack: FrameworkProfile | None = None,
                       calib: dict[str, dict[str, float]] | None = None, pipeline=None) -> tuple[Estimate, ...]:
     """Each pool's data-parallel replicas estimated as a plan of their own on that pool: dp = its replicas,
     n_micro = its share (HetPipe's virtual workers, Park et al. 2020 sec. 3; Sailor's per-pool replica time)."""
     out = []
     for pool, reps, share in zip(cluster.pools, replicas_per_pool(cluster, plan), plan.batch_shares):
         sub = plan.with_(batch_shares=(), dp=reps, global_batch=reps * share * plan.micro_batch)
-        out.append(estimate(model, ClusterSpec(pools=(pool,)), sub, calib=calib, pipeline=pipeline))
+        out.append(estimate(model, ClusterSpec(pools=(pool,)), sub, stack=stack, calib=calib, pipeline=pipeline))
     return tuple(out)
 
 
-def cross_pool_time(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
+def cross_pool_time(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, stack: FrameworkProfile | None = None,
                     calib: dict[str, dict[str, float]] | None = None) -> float:
     """Cross-pool phase of the gradient all-reduce (s), ``meshplan.cost.dp.cross_pool_reduce``: after the in-pool
     reduce-scatter a GPU of pool i holds 1/(replicas_i cp) of its dense gradients and 1/edp_i of its expert
@@ -287,14 +326,14 @@ def cross_pool_time(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
     if len(cluster.pools) < 2:
         return 0.0
     low = min(replicas_per_pool(cluster, plan))
-    _, g_bytes, _ = bytes_per_param(plan)
+    _, g_bytes, _ = bytes_per_param(plan, resolve_stack(plan, stack))
     stages = stage_layers(model, plan)
     shard = 0.0
     for r in range(plan.pp):
         idx = stages_of(plan, r)
         layers = [lay for v in idx for lay in stages[v]]
         dense, expert = stage_params(model, layers, plan, first=0 in idx, last=plan.n_stages - 1 in idx)
-        edp = max(plan.tp * plan.cp * low // (plan.ep * plan.etp), 1)
+        edp = plan.with_(dp=low, batch_shares=()).expert_dp
         shard = max(shard, g_bytes * (dense / (low * plan.cp) + expert / edp))
     slow = min(cluster.pools, key=lambda p: p.gpu.nic_bandwidth)
     link = GroupLink(bandwidth=cluster.inter_pool_bandwidth or slow.gpu.nic_bandwidth,
@@ -303,13 +342,15 @@ def cross_pool_time(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
     return cross_pool_reduce(shard, pools=len(cluster.pools), link=link, calib=cal)
 
 
-def _shared_estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, calib, pipeline) -> Estimate:
+def _shared_estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, stack: FrameworkProfile, calib,
+                     pipeline) -> Estimate:
     """Step of a plan with uneven batch shares (HetPipe, Park et al. 2020; Sailor, Strati et al. 2024;
     FlashFlex, Yan et al. 2024): the slowest pool's replica step plus the cross-pool all-reduce. Memory is the
     pool with the highest peak relative to its device memory, and ``capacity`` is that pool's."""
-    subs = replica_estimates(model, cluster, plan, calib=calib, pipeline=pipeline)
+    subs = replica_estimates(model, cluster, plan, stack=stack, calib=calib, pipeline=pipeline)
     slow = max(subs, key=lambda e: e.step_time)
-    tb = replace(slow.time, dp_comm=slow.time.dp_comm + cross_pool_time(model, cluster, plan, calib=calib))
+    tb = replace(slow.time, dp_comm=slow.time.dp_comm + cross_pool_time(model, cluster, plan, stack=stack,
+                                                                          calib=calib))
     step = tb.total()
     tight, pool = max(zip(subs, cluster.pools), key=lambda ep: ep[0].peak_memory / ep[1].gpu.hbm_bytes)
     flops = model_flops(model, plan)

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshplan.cost.result import MemoryBreakdown
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import LayerSpec, ModelSpec
 from meshplan.spec.plan import Plan
+from meshplan.spec.schedules import schedule_spec
 
 GiB = 2**30
 
@@ -53,34 +55,23 @@ def model_params(model: ModelSpec) -> float:
     return total + emb * (1 if model.tied_embeddings else 2)
 
 
-def active_params(model: ModelSpec) -> float:
-    """Parameters one token touches (dense + top-k experts), embeddings excluded (for 6N FLOP counts)."""
-    total = 0.0
-    for b in model.blocks:
-        dense, expert = layer_params(b.layer)
-        if b.layer.moe is not None:
-            expert *= b.layer.moe.top_k / b.layer.moe.n_experts
-        total += (dense + expert) * b.n_layers
-    return total + model.vocab * model.hidden
-
-
-def bytes_per_param(plan: Plan) -> tuple[float, float, float]:
+def bytes_per_param(plan: Plan, stack: FrameworkProfile) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per parameter before sharding, mixed-precision Adam.
 
     ZeRO paper (Rajbhandari et al. 2020, sec. 3.1): 2 + 2 + 12 bytes (fp16 weights and grads; fp32 master,
     momentum, variance). Megatron-LM accumulates and reduces bf16 gradients in fp32 (4 bytes) unless
-    ``grad_dtype`` is bf16; its precision-aware optimizer keeps the moments in bf16 (``optimizer_dtype``:
-    2 + 2 instead of 4 + 4). FSDP2 (zero 3) keeps fp32 sharded parameters as the master copy, so weights 4
-    and optimizer the moments only.
+    the stack's ``grad_dtype`` is bf16; its precision-aware optimizer keeps the moments in bf16
+    (``optimizer_dtype``: 2 + 2 instead of 4 + 4). FSDP2 (zero 3) keeps fp32 sharded parameters as the master
+    copy, so weights 4 and optimizer the moments only.
     """
-    moments = 4.0 if plan.optimizer_dtype == "bf16" else 8.0
-    grads = 2.0 if plan.grad_dtype == "bf16" else 4.0
+    moments = 4.0 if stack.optimizer_dtype == "bf16" else 8.0
+    grads = 2.0 if stack.grad_dtype == "bf16" else 4.0
     if plan.precision == "fp32" or plan.zero == 3:
         return 4.0, grads, moments
     return 2.0, 2.0 if plan.precision == "fp16" else grads, 4.0 + moments
 
 
-def act_bytes_per_token(layer: LayerSpec, plan: Plan, *, recompute: str) -> float:
+def act_bytes_per_token(layer: LayerSpec, plan: Plan, stack: FrameworkProfile, *, recompute: str) -> float:
     """Activation bytes one token leaves on one rank for one layer's backward (16-bit activations).
 
     Korthikanti et al. 2022, eq. 1-2 and Table 2, generalized: attention stores its norm and QKV inputs (h),
@@ -93,7 +84,7 @@ def act_bytes_per_token(layer: LayerSpec, plan: Plan, *, recompute: str) -> floa
     h_div = tp if plan.sp else 1
     if recompute == "full":
         return 2.0 * h / h_div
-    if recompute == "selective" and plan.selective_policy == "op" and layer.attention is not None \
+    if recompute == "selective" and stack.selective_policy == "op" and layer.attention is not None \
             and layer.moe is None and layer.attention.kind == "gqa":
         # torchtitan per-op policy keeps the layer input, the outputs of every other matmul (q, v, fc1-gate,
         # fc2) and the attention output with its log-sum-exp.
@@ -104,7 +95,7 @@ def act_bytes_per_token(layer: LayerSpec, plan: Plan, *, recompute: str) -> floa
     total = 0.0
     att = layer.attention
     if att is not None:
-        up_proj = recompute == "selective" and plan.selective_policy == "mla_up_proj" and att.kind == "mla"
+        up_proj = recompute == "selective" and stack.selective_policy == "mla_up_proj" and att.kind == "mla"
         q_k_v = (att.n_heads * (att.qk_dim + att.v_dim) + att.n_kv_heads * att.qk_dim) if att.kind == "gqa" \
             else att.n_heads * (2 * att.qk_dim + att.v_dim) * (not up_proj) + att.kv_lora_rank + att.q_lora_rank
         total += 4.0 * h / h_div + 2.0 * q_k_v / tp + 2.0 * att.n_heads * att.v_dim / tp
@@ -116,7 +107,7 @@ def act_bytes_per_token(layer: LayerSpec, plan: Plan, *, recompute: str) -> floa
             # output projection, so selective recompute frees just the statistics (measured by memcheck).
             # Unfused attention keeps its scores, softmax, dropout mask and output: 5 a s bytes per token
             # (Korthikanti et al. 2022, eq. 1), which is what selective recompute was made to drop.
-            total += 4.0 * att.n_heads / tp if plan.flash_attention else \
+            total += 4.0 * att.n_heads / tp if stack.flash_attention else \
                 5.0 * att.n_heads * plan.seq_len / tp
     mats_up = 2 if layer.gated else 1
     total += 4.0 * h / h_div
@@ -132,7 +123,7 @@ def act_bytes_per_token(layer: LayerSpec, plan: Plan, *, recompute: str) -> floa
     else:
         f = layer.ffn_hidden / tp
         total += 2.0 * mats_up * f + 2.0 * f
-    if not plan.fused_kernels:
+    if stack.eager_dtensor:
         total += eager_extra_bytes(layer, plan)
     return total
 
@@ -179,7 +170,7 @@ def layer_recompute_mode(plan: Plan, index_on_rank: int) -> str:
     return plan.recompute
 
 
-def logits_bytes(model: ModelSpec, plan: Plan) -> float:
+def logits_bytes(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> float:
     """Output-layer memory on the last stage for one micro-batch at its loss backward. Megatron's fused
     vocab-parallel cross-entropy: 16-bit logits plus the fp32 softmax it keeps (6 bytes per logit). Eager
     ``F.cross_entropy`` on fp32 logits: the saved log-softmax, ``nll_loss_backward``'s gradient and
@@ -187,17 +178,17 @@ def logits_bytes(model: ModelSpec, plan: Plan) -> float:
     ``loss_parallel`` backward computes ``(zeros_like(x) + exp(x)) * grad`` beside the saved log-softmax:
     three fp32 temporaries, 16 bytes (torch.distributed.tensor.parallel.loss, memcheck tp 8)."""
     tokens = plan.micro_batch * plan.seq_len / plan.cp
-    per_logit = 6.0 if plan.fused_kernels else (16.0 if plan.tp > 1 else 12.0)
+    per_logit = 6.0 if not stack.eager_dtensor else (16.0 if plan.tp > 1 else 12.0)
     return tokens * model.vocab / plan.tp * per_logit
 
 
-def embedding_grad_bytes(model: ModelSpec, plan: Plan) -> float:
+def embedding_grad_bytes(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> float:
     """Gradient bytes of the input embedding beyond a vocabulary-sharded one while gradients accumulate over
     micro-batches. Eager DTensor has no row-sharded strategy for the embedding backward, so the vocab-parallel
     (RowwiseParallel) embedding's weight gradient comes back replicated over tp, and FSDP2's fp32 reduce dtype
     keeps it whole in fp32 until the last micro-batch reduces it: 4 V h (1 - 1/tp) more (memcheck, Llama-3.1-8B
     tp 8: 1.71 GiB). Megatron's VocabParallelEmbedding keeps its gradient sharded."""
-    if plan.fused_kernels or plan.tp == 1 or plan.n_micro == 1:
+    if not stack.eager_dtensor or plan.tp == 1 or plan.n_micro == 1:
         return 0.0
     return 4.0 * model.vocab * model.hidden * (1 - 1 / plan.tp)
 
@@ -232,56 +223,85 @@ class RankLoad:
     """The rank holds the output head and the loss."""
 
 
-def rank_memory(model: ModelSpec, plan: Plan, load: RankLoad, *, generation: str) -> MemoryBreakdown:
+def sharded_state(plan: Plan, stack: FrameworkProfile, *, dense: float, expert: float) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer states) in bytes of ``dense`` and ``expert`` parameters after ZeRO sharding:
+    stage 1 shards the optimizer states, 2 also the gradients, 3 also the weights (Rajbhandari et al. 2020 sec.
+    5), dense ones over the ZeRO group and experts over their expert-data-parallel share of it."""
+    w, g, o = bytes_per_param(plan, stack)
+
+    def sharded(b: float, stage: int) -> float:
+        on = plan.zero >= stage
+        return dense * b / (plan.zero_group if on else 1) + expert * b / (plan.expert_zero_group if on else 1)
+    return sharded(w, 3), sharded(g, 2), sharded(o, 1)
+
+
+def holds_unsharded(plan: Plan) -> bool:
+    """Under a pipeline with several micro-batches, FSDP keeps a unit unsharded (16-bit) from its forward to its
+    backward (torchtitan's PP reshard policy; the runtime does the same)."""
+    return plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1
+
+
+def frees_grads(plan: Plan, stack: FrameworkProfile) -> bool:
+    """FSDP2 frees gradients between steps (zero_grad to None): ZeRO-3, and every ZeRO level of a stack whose
+    sharding is FSDP2; Megatron's distributed optimizer keeps its gradient buffers."""
+    return plan.zero == 3 or stack.sharding == "fsdp2"
+
+
+def accumulates_unsharded(plan: Plan, stack: FrameworkProfile) -> bool:
+    """FSDP2 gradients accumulate unsharded over no-sync micro-batches and are reduced after the last backward: a
+    pipeline's (``holds_unsharded``), or a stack that skips gradient sync while accumulating."""
+    return frees_grads(plan, stack) and plan.n_micro > 1 and (
+        holds_unsharded(plan) or (stack.sharding == "fsdp2" and stack.accumulate_unsharded_grads))
+
+
+def static_floor(plan: Plan, stack: FrameworkProfile, *, dense: float, expert: float) -> float:
+    """Bytes a rank holding these parameters has at its peak whatever its schedule, split and recompute (the
+    static part of ``rank_memory`` from below): sharded weights and optimizer states, the unsharded copy a
+    pipeline keeps, and the sharded gradients unless FSDP2 may have none at the peak (one micro-batch, or
+    unsharded accumulation whose gradients can take the place of activations)."""
+    w, g, o = sharded_state(plan, stack, dense=dense, expert=expert)
+    vanish = frees_grads(plan, stack) and (plan.n_micro == 1 or accumulates_unsharded(plan, stack))
+    held = (dense + expert) * 2.0 if holds_unsharded(plan) else 0.0
+    return w + o + held + (0.0 if vanish else g)
+
+
+def rank_memory(model: ModelSpec, plan: Plan, stack: FrameworkProfile, load: RankLoad, *,
+                generation: str) -> MemoryBreakdown:
     """Peak memory of one pipeline rank: weights, gradients and optimizer states after ZeRO sharding, the saved
     activations, and the larger of two transients that never meet: the logits at the loss backward, and the
     recomputed layer with FSDP's gathered units (and FSDP2's gradients where they outgrow the freed activations)
     during the layers' backward; the output layer consumes the loss gradient before the first layer's backward
     starts (memcheck, Llama-3.1-8B full recompute: 25.1 GiB, not the 26.7 a sum of both gives)."""
-    w, g, o = bytes_per_param(plan)
-    shard = plan.zero_group
-    edp = max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1)
-    # Experts shard over the expert-data-parallel ranks, in the same proportion as dense parameters (HSDP).
-    eshard = max(1, edp * plan.shard_group // plan.dp) if plan.zero else 1
-
-    def sharded(b: float, stage: int) -> float:
-        on = plan.zero >= stage
-        return load.dense * b / (shard if on else 1) + load.expert * b / (eshard if on else 1)
-    params, grads = sharded(w, 3), sharded(g, 2)
-    held = plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1
+    params, grads, optimizer = sharded_state(plan, stack, dense=load.dense, expert=load.expert)
+    held, late = holds_unsharded(plan), 0.0
     if held:
-        # Under a pipeline, FSDP keeps an unsharded 16-bit copy across micro-batches (torchtitan's PP reshard
-        # policy).
         params += (load.dense + load.expert) * 2.0
-    # FSDP2 frees gradients between steps (zero_grad to None); the eager runtime is FSDP2 at every zero level,
-    # Megatron keeps its gradient buffers. Over no-sync micro-batches (a pipeline's, or the eager runtime's
-    # accumulation) FSDP2 accumulates unsharded fp32 gradients and reduces them after the last backward.
-    fsdp2, late = plan.zero == 3 or not plan.fused_kernels, 0.0
-    if fsdp2 and plan.n_micro > 1 and (held or not plan.fused_kernels):
+    if accumulates_unsharded(plan, stack):
+        _, g, _ = bytes_per_param(plan, stack)
+        upcast = 2.0 * largest_unit(model, plan, stack, load) if stack.eager_dtensor else 0.0
         grads, late = pipelined_grads(plan, unsharded=(load.dense + load.expert) * g, act=load.act,
-                                      act_one=load.act_one,
-                                      upcast=0.0 if plan.fused_kernels else 2.0 * largest_unit(model, plan, load))
-    elif fsdp2 and plan.n_micro == 1:
+                                      act_one=load.act_one, upcast=upcast)
+    elif frees_grads(plan, stack) and plan.n_micro == 1:
         # None exist at the loss backward; during the layers' backward they only matter if they outgrow the
         # activations they replace.
         late, grads = max(grads - load.act, 0.0), 0.0
-    params += saved_expert_copies(plan, load)
-    grads += embedding_grad_bytes(model, plan) if load.first else 0.0
+    params += saved_expert_copies(plan, stack, load)
+    grads += embedding_grad_bytes(model, plan, stack) if load.first else 0.0
     units = 0.0 if held else fsdp_unit_bytes(plan, load)
-    logits = logits_bytes(model, plan) if load.last else 0.0
+    logits = logits_bytes(model, plan, stack) if load.last else 0.0
     if logits < load.recompute + units + late:
         grads, buffers = grads + late, units
     else:
         buffers = logits - load.recompute
-    return MemoryBreakdown(params=params, grads=grads, optimizer=sharded(o, 1), activations=load.act + load.recompute,
+    return MemoryBreakdown(params=params, grads=grads, optimizer=optimizer, activations=load.act + load.recompute,
                            buffers=buffers, reserved=reserved_bytes(generation))
 
 
-def saved_expert_copies(plan: Plan, load: RankLoad) -> float:
+def saved_expert_copies(plan: Plan, stack: FrameworkProfile, load: RankLoad) -> float:
     """Eager experts stay out of FSDP's mixed precision: each layer's forward casts its local experts to 16 bits
     and saves the copy for its backward, one per in-flight micro-batch, except in fully recomputed layers, which
     drop it with their other activations (runtime moe._experts; memcheck, Qwen3-30B-A3B ep 8: 6.7 GiB) (bytes)."""
-    if plan.fused_kernels or plan.precision not in ("bf16", "fp16") or not load.act_one or not load.n_units:
+    if not stack.eager_dtensor or plan.precision not in ("bf16", "fp16") or not load.act_one or not load.n_units:
         return 0.0
     kept = load.n_units
     if plan.recompute == "full":
@@ -299,15 +319,15 @@ def pipelined_grads(plan: Plan, *, unsharded: float, act: float, act_one: float,
     stage), the activations return to their peak beside them (memcheck, Llama-3.1-8B pp 4); GPipe runs no
     forward after its first backward."""
     inflight = act / act_one if act_one else 1.0
-    steady = unsharded if plan.schedule_name != "gpipe" and plan.n_micro > inflight else 0.0
+    steady = unsharded if not schedule_spec(plan.schedule_name).forwards_first and plan.n_micro > inflight else 0.0
     return steady, max(unsharded - act_one + upcast - steady, 0.0)
 
 
-def largest_unit(model: ModelSpec, plan: Plan, load: RankLoad) -> float:
+def largest_unit(model: ModelSpec, plan: Plan, stack: FrameworkProfile, load: RankLoad) -> float:
     """Parameters of the rank's largest FSDP unit's gradient: a layer, or the root (embedding and head), whose
     embedding gradient is whole over tp in eager DTensor (``embedding_grad_bytes``) (count)."""
     layer = (load.dense + load.expert - load.root) / max(load.n_units, 1)
-    return max(layer, load.root + (embedding_grad_bytes(model, plan) / 4.0 if load.first else 0.0))
+    return max(layer, load.root + (embedding_grad_bytes(model, plan, stack) / 4.0 if load.first else 0.0))
 
 
 def fsdp_unit_bytes(plan: Plan, load: RankLoad) -> float:

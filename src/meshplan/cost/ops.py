@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import AttentionSpec, LayerSpec
 from meshplan.spec.plan import Plan
 
@@ -119,7 +120,7 @@ def moe_gemms(layer: LayerSpec, *, tokens: int, plan: Plan) -> list[Gemm]:
     return gemms
 
 
-def elementwise_bytes(layer: LayerSpec, *, tokens: int, plan: Plan, dtype_bytes: float) -> float:
+def elementwise_bytes(layer: LayerSpec, *, tokens: int, plan: Plan, dtype_bytes: float, fused: bool = True) -> float:
     """HBM traffic of the memory-bound ops of one layer forward: two norms and two residual adds on h-sized
     tensors (sharded by tp under sp), the activation function on the FFN width, RoPE on q and k.
     Each op reads its inputs and writes its output once (fused kernels, as Megatron/TE and torch.compile do)."""
@@ -134,7 +135,7 @@ def elementwise_bytes(layer: LayerSpec, *, tokens: int, plan: Plan, dtype_bytes:
     rope = rope_elements(layer.attention, tokens=tokens, tp=tp) if layer.attention is not None else 0.0
     # Eager PyTorch runs each norm, activation and RoPE as several kernels (RMSNorm ~6 passes instead of 2,
     # SiLU-and-multiply 5 instead of 3, complex RoPE ~4 instead of 2): about 2.5x the fused traffic.
-    unfused = 1.0 if plan.fused_kernels else 2.5
+    unfused = 1.0 if fused else 2.5
     return (hidden_traffic + act + rope) * dtype_bytes * unfused
 
 
@@ -166,25 +167,28 @@ def op_count(layer: LayerSpec, gemms: list[Gemm], *, fused: bool, fp8: bool = Fa
     return n + 2 * 6 + 2 + 2 + (8 if layer.attention is not None else 0)
 
 
-def layer_ops(layer: LayerSpec, *, tokens: int, plan: Plan, seq: int = 0, dtype_bytes: float = 2.0) -> LayerOps:
-    """All ops of one layer on one rank for ``tokens`` tokens of one micro-batch (already divided by cp);
-    ``seq`` is the full per-sample sequence each query attends over (0 = plan.seq_len)."""
+def layer_ops(layer: LayerSpec, *, tokens: int, plan: Plan, stack: FrameworkProfile, seq: int = 0,
+              dtype_bytes: float = 2.0) -> LayerOps:
+    """All ops of one layer on one rank for ``tokens`` tokens of one micro-batch (already divided by cp), with the
+    stack's kernels (fused or eager, flash attention or not); ``seq`` is the full per-sample sequence each query
+    attends over (0 = plan.seq_len)."""
     tp = plan.tp
     gemms: list[Gemm] = []
     attn = score_bytes = 0.0
     if layer.attention is not None:
         gemms += attention_gemms(layer.attention, layer.hidden, tokens, tp)
         # Ring/all-to-all context parallel: each rank's queries meet all cp chunks of keys once.
-        att_spec = layer.attention if plan.flash_attention else replace(layer.attention, causal=False)
+        att_spec = layer.attention if stack.flash_attention else replace(layer.attention, causal=False)
         attn = attention_core_flops(att_spec, tokens=tokens, kv_len=seq or plan.seq_len, tp=tp)
-        if not plan.flash_attention:
+        if not stack.flash_attention:
             score_bytes = score_traffic(layer.attention, tokens=tokens, kv_len=seq or plan.seq_len, tp=tp)
     if layer.in_hidden and layer.in_hidden != layer.hidden:
         gemms.append(Gemm(name="in_proj", m=tokens, n=layer.hidden // tp, k=layer.in_hidden))
     gemms += moe_gemms(layer, tokens=tokens, plan=plan) if layer.moe else mlp_gemms(layer, tokens=tokens, tp=tp)
-    if not plan.fused_kernels:
+    if not stack.fused_kernels:
         gemms = [replace(g, cast_pass=True) for g in gemms]
     return LayerOps(gemms=tuple(gemms), attn_flops=attn, tokens=tokens,
-                    n_ops=op_count(layer, gemms, fused=plan.fused_kernels, fp8=plan.precision == "fp8"),
+                    n_ops=op_count(layer, gemms, fused=stack.fused_kernels, fp8=plan.precision == "fp8"),
                     n_params=len(gemms) + 2 + (4 if layer.bias else 0), score_bytes=score_bytes,
-                    elementwise_bytes=elementwise_bytes(layer, tokens=tokens, plan=plan, dtype_bytes=dtype_bytes))
+                    elementwise_bytes=elementwise_bytes(layer, tokens=tokens, plan=plan, dtype_bytes=dtype_bytes,
+                                                        fused=stack.fused_kernels))

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost.calib import Calibration
 from meshplan.cost.comm import Links, collective_time
 from meshplan.cost.compute import gemm_time, host_excess, layer_compute, memory_time
 from meshplan.cost.memory import act_bytes_per_token, layer_params, layer_recompute_mode
 from meshplan.cost.ops import Gemm, LayerOps, layer_ops, rope_elements
+from meshplan.spec.calibration import Calibration
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.hardware import GPUSpec
 from meshplan.spec.model import BlockSpec, LayerSpec, ModelSpec
 from meshplan.spec.plan import Plan
@@ -26,6 +27,8 @@ class Ctx:
     """The model."""
     plan: Plan
     """The layout."""
+    stack: FrameworkProfile
+    """The software stack that runs it."""
     gpu: GPUSpec
     """The GPU running this stage."""
     links: Links
@@ -93,14 +96,15 @@ def tp_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx, *, fwd_gemm: float, bwd_g
     msg = ops.tokens * layer.hidden * plan.act_bytes
     one = collective_time("all_reduce", msg, size=plan.tp, link=ctx.links.tp, calib=ctx.calib)
     one_f = one
-    if plan.sp and plan.precision == "fp8" and plan.fused_kernels:
+    if plan.sp and plan.precision == "fp8" and ctx.stack.fused_kernels:
         # Transformer Engine quantizes the norm output before the sequence-parallel all-gather and gathers
         # 1 byte/element (pytorch/module/layernorm_linear.py: gather_along_first_dim of the fp8 ln_out); the
         # reduce-scatter after the row-parallel GEMM stays 16-bit.
         one_f = (collective_time("all_gather", msg / plan.act_bytes, size=plan.tp, link=ctx.links.tp, calib=ctx.calib)
                  + collective_time("reduce_scatter", msg, size=plan.tp, link=ctx.links.tp, calib=ctx.calib))
-    f = _overlapped(n * one_f, fwd_gemm, overlap=plan.tp_comm_overlap, chunks=plan.tp, calib=ctx.calib)
-    b = _overlapped(n * one, bwd_gemm, overlap=plan.tp_comm_overlap, chunks=plan.tp, calib=ctx.calib)
+    overlap = ctx.stack.tp_comm_overlap
+    f = _overlapped(n * one_f, fwd_gemm, overlap=overlap, chunks=plan.tp, calib=ctx.calib)
+    b = _overlapped(n * one, bwd_gemm, overlap=overlap, chunks=plan.tp, calib=ctx.calib)
     sync = (2 * n if plan.sp else n) * ctx.calib.sync_s  # host wake-up per blocking call (0 on GPUs)
     return f + sync, b + sync
 
@@ -148,8 +152,8 @@ def ep_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx) -> float:
 def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:
     """Costs of one layer of ``block`` on one rank for one micro-batch."""
     plan, layer = ctx.plan, block.layer
-    ops = layer_ops(layer, tokens=tokens_of(block, plan), plan=plan, seq=block.tokens or plan.seq_len,
-                    dtype_bytes=plan.act_bytes)
+    ops = layer_ops(layer, tokens=tokens_of(block, plan), plan=plan, stack=ctx.stack,
+                    seq=block.tokens or plan.seq_len, dtype_bytes=plan.act_bytes)
     f, bi, bw = layer_compute(ops, gpu=ctx.gpu, calib=ctx.calib, dtype=plan.precision, sharded=plan.tp > 1)
     fwd_gemm = sum(gemm_time(g, gpu=ctx.gpu, calib=ctx.calib, dtype=plan.precision) for g in ops.gemms)
     host = ops.n_ops * (ctx.calib.op_overhead_s + (ctx.calib.dtensor_overhead_s if plan.tp > 1 else 0.0))
@@ -162,19 +166,20 @@ def layer_cost(block: BlockSpec, ctx: Ctx, *, index_on_rank: int) -> LayerCost:
     # core only (Korthikanti et al. 2022, sec. 5), or under torchtitan's per-op policy every other matmul and
     # every elementwise op (torchtitan parallelize: _save_list without every second mm).
     ew_f = memory_time(ops.elementwise_bytes, gpu=ctx.gpu, calib=ctx.calib)
-    if mode == "selective" and plan.selective_policy == "op":
+    policy = ctx.stack.selective_policy
+    if mode == "selective" and policy == "op":
         rec = fwd_gemm / 2 + ew_f
-    elif mode == "selective" and plan.selective_policy == "mla_up_proj":
+    elif mode == "selective" and policy == "mla_up_proj":
         rec = mla_up_proj_replay(layer, ops, ctx)
     else:
         rec = f if mode == "full" else (attn_f if mode == "selective" else 0.0)
     full = mode == "full"
-    per_tok = act_bytes_per_token(layer, plan, recompute=mode)
-    full_tok = act_bytes_per_token(layer, plan, recompute="none")
+    per_tok = act_bytes_per_token(layer, plan, ctx.stack, recompute=mode)
+    full_tok = act_bytes_per_token(layer, plan, ctx.stack, recompute="none")
     ep = ep_comm(layer, ops, ctx)
     tp_b, cp_b, ep_b = tp_b + (tp_f if full else 0.0), cp_b + (cp_f if full else 0.0), ep + (ep if full else 0.0)
     wait_f, wait_b = host_excess(f + tp_f + cp_f + ep, bi + rec + bw + tp_b + cp_b + ep_b, ops.n_ops, ctx.calib,
-                                 replayed=replayed_ops(layer, ops, mode, plan.selective_policy))
+                                 replayed=replayed_ops(layer, ops, mode, policy))
     # The backward's wait splits 3:1 between input and weight gradients, as its ops do (layer_compute's host term).
     f, bi, bw = f + wait_f, bi + 0.75 * wait_b, bw + 0.25 * wait_b
     return LayerCost(fwd=f, bwd_input=bi + rec, bwd_weight=bw, recompute=rec, tp_f=tp_f, tp_b=tp_b, cp_f=cp_f,

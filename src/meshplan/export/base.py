@@ -1,8 +1,9 @@
 """The exporter protocol and its registry: one module per framework, looked up by name.
 
-An exporter turns (model, plan) into the text a framework reads. Whatever the framework cannot express is not
-dropped silently: it is listed in ``ExportResult.approximations`` (the CLI prints them on stderr, writes them as
-comments into the file, and exits non-zero unless ``--allow-approximate``). Exporters never import torch.
+An exporter turns (model, plan, stack profile) into the text a framework reads. Whatever the framework cannot
+express is not dropped silently: it is listed in ``ExportResult.approximations`` (the CLI prints them on stderr,
+writes them as comments into the file, and exits non-zero unless ``--allow-approximate``). Exporters never import
+torch.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from meshplan.errors import SpecError, unknown_name
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
 
@@ -43,6 +45,8 @@ class Exporter(Protocol):
 
     name: str
     """Registry name used by ``meshplan export --to``."""
+    stacks: tuple[str, ...]
+    """The stack profiles whose behaviour the exported job has (the first is what its launch runs)."""
     formats: tuple[str, ...]
     """Output formats; the first is the default."""
     description: str
@@ -51,8 +55,10 @@ class Exporter(Protocol):
     def suffix(self, fmt: str) -> str:
         """File suffix for an output format (e.g. ``.sh``)."""
 
-    def render(self, model: ModelSpec, plan: Plan, *, gpus: str = "", fmt: str = "") -> ExportResult:
-        """The exported text for ``fmt`` (empty = default format) and what it approximates."""
+    def render(self, model: ModelSpec, plan: Plan, stack: FrameworkProfile, *, gpus: str = "",
+               fmt: str = "") -> ExportResult:
+        """The exported text for ``fmt`` (empty = default format) with the stack's settings where the framework
+        has them, and what it approximates."""
 
 
 def exporters() -> dict[str, Exporter]:
@@ -100,18 +106,25 @@ def header_lines(*, framework: str, model: ModelSpec, plan: Plan, gpus: str,
     return lines
 
 
-def plan_wide_approximations(plan: Plan) -> tuple[str, ...]:
-    """Parts of a plan no supported framework expresses, whatever the exporter."""
+def plan_wide_approximations(plan: Plan, exporter: Exporter) -> tuple[str, ...]:
+    """Parts of a plan no supported framework expresses, whatever the exporter, and a stack that is not the one
+    the exported framework runs (its prediction was made for other software)."""
+    out = []
     if plan.batch_shares:
-        return (f"uneven data-parallel batch shares per GPU pool {list(plan.batch_shares)}: the frameworks split the "
-                "global batch evenly over data-parallel ranks",)
-    return ()
+        out.append(f"uneven data-parallel batch shares per GPU pool {list(plan.batch_shares)}: the frameworks split "
+                   "the global batch evenly over data-parallel ranks")
+    if plan.framework not in exporter.stacks:
+        out.append(f"the plan was predicted for the {plan.framework} stack; {exporter.name} runs it as "
+                   f"{exporter.stacks[0]} (kernels, sharding and overlap differ): re-predict with --framework "
+                   f"{exporter.stacks[0]}")
+    return tuple(out)
 
 
-def render_export(exporter: Exporter, model: ModelSpec, plan: Plan, *, gpus: str = "", fmt: str = "") -> ExportResult:
+def render_export(exporter: Exporter, model: ModelSpec, plan: Plan, stack: FrameworkProfile, *, gpus: str = "",
+                  fmt: str = "") -> ExportResult:
     """Render with ``exporter`` and add the plan-wide approximations (as comments and in the result)."""
-    result = exporter.render(model, plan, gpus=gpus, fmt=fmt)
-    extra = plan_wide_approximations(plan)
+    result = exporter.render(model, plan, stack, gpus=gpus, fmt=fmt)
+    extra = plan_wide_approximations(plan, exporter)
     if not extra:
         return result
     prefix = "// " if fmt == "json" else "# "

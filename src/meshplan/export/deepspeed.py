@@ -14,11 +14,12 @@ import json
 from meshplan.export.base import ExportResult, comment_block, header_lines
 from meshplan.export.layout import model_notes, stage_layers, uniform_split
 from meshplan.export.megatron import Args, format_args
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
 
 
-def ds_config(plan: Plan) -> tuple[dict, list[str]]:
+def ds_config(plan: Plan, stack: FrameworkProfile) -> tuple[dict, list[str]]:
     """The DeepSpeed JSON config as a dict, and its approximations."""
     notes: list[str] = []
     cfg: dict = {"train_batch_size": plan.global_batch, "train_micro_batch_size_per_gpu": plan.micro_batch,
@@ -32,7 +33,7 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
         notes.append("fp8: DeepSpeed's config has no FP8 training; exported as bf16")
     zero: dict = {"stage": plan.zero}
     if plan.zero:
-        zero |= {"overlap_comm": plan.overlap_grad_reduce, "contiguous_gradients": True,
+        zero |= {"overlap_comm": stack.overlap_grad_reduce, "contiguous_gradients": True,
                  "reduce_scatter": True}
     if plan.zero and plan.dp_replicate > 1:
         if plan.zero == 3:
@@ -41,11 +42,11 @@ def ds_config(plan: Plan) -> tuple[dict, list[str]]:
             notes.append(f"dp_shard={plan.shard_group} < dp={plan.dp}: DeepSpeed shards ZeRO-{plan.zero} over all "
                          "data-parallel ranks (hierarchical sharding is MiCS, ZeRO-3 only)")
     cfg["zero_optimization"] = zero
-    if not plan.fused_optimizer:
+    if not stack.fused_optimizer:
         notes.append("fused_optimizer=false: the exported optimizer is DeepSpeed's default multi-tensor FusedAdam")
-    if plan.grad_dtype == "bf16":
+    if stack.grad_dtype == "bf16":
         cfg["data_types"] = {"grad_accum_dtype": "bf16"}
-    if plan.optimizer_dtype == "bf16":
+    if stack.optimizer_dtype == "bf16":
         notes.append("optimizer_dtype=bf16: DeepSpeed's FusedAdam keeps fp32 moments; exported as fp32")
     if plan.recompute != "none":
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
@@ -116,7 +117,7 @@ def _parallel_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
     return args, notes
 
 
-def _train_args(plan: Plan) -> Args:
+def _train_args(plan: Plan, stack: FrameworkProfile) -> Args:
     args: Args = [("--micro-batch-size", plan.micro_batch), ("--global-batch-size", plan.global_batch)]
     args += {"bf16": [("--bf16", None)], "fp8": [("--bf16", None)], "fp16": [("--fp16", None)],
              "fp32": []}[plan.precision]
@@ -124,23 +125,29 @@ def _train_args(plan: Plan) -> Args:
         args += [("--checkpoint-activations", None), ("--deepspeed-activation-checkpointing", None)]
     elif plan.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
+    if stack.flash_attention:
+        # Megatron-DeepSpeed runs unfused attention unless asked (megatron/arguments.py --use-flash-attn-v2).
+        args.append(("--use-flash-attn-v2", None))
     return args + [("--deepspeed", None), ("--deepspeed_config", "${DS_CONFIG}"), ("--zero-stage", plan.zero)]
 
 
-def mds_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
+def mds_args(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> tuple[Args, list[str]]:
     """Megatron-DeepSpeed pretrain_gpt.py arguments and their approximations."""
     margs, n1 = _model_args(model, plan)
     pargs, n2 = _parallel_args(model, plan)
-    n3 = [] if plan.recompute != "selective" or plan.selective_policy == "attention" else [
-        f"selective recompute, policy {plan.selective_policy}: Megatron-DeepSpeed recomputes only the attention "
+    n3 = [] if plan.recompute != "selective" or stack.selective_policy == "attention" else [
+        f"selective recompute, policy {stack.selective_policy}: Megatron-DeepSpeed recomputes only the attention "
         "core; exported as that"]
-    return margs + pargs + _train_args(plan), n1 + n2 + n3
+    if stack.tp_comm_overlap and plan.tp > 1:
+        n3.append("TP communication overlap: Megatron-DeepSpeed has no userbuffers overlap; exported without it")
+    return margs + pargs + _train_args(plan, stack), n1 + n2 + n3
 
 
 class DeepSpeedExporter:
     """``meshplan export --to deepspeed``: a bash file that writes ds_config.json and defines MDS_ARGS."""
 
     name = "deepspeed"
+    stacks = ("megatron-deepspeed", "deepspeed-2021")
     formats = ("sh",)
     description = "DeepSpeed JSON config plus Megatron-DeepSpeed launch arguments (bash)"
 
@@ -148,10 +155,11 @@ class DeepSpeedExporter:
         """Bash script."""
         return ".sh"
 
-    def render(self, model: ModelSpec, plan: Plan, *, gpus: str = "", fmt: str = "") -> ExportResult:
+    def render(self, model: ModelSpec, plan: Plan, stack: FrameworkProfile, *, gpus: str = "",
+               fmt: str = "") -> ExportResult:
         """The script text."""
-        cfg, n1 = ds_config(plan)
-        args, n2 = mds_args(model, plan)
+        cfg, n1 = ds_config(plan, stack)
+        args, n2 = mds_args(model, plan, stack)
         notes = tuple(n1 + n2)
         head = header_lines(framework="DeepSpeed", model=model, plan=plan, gpus=gpus, approximations=notes)
         head += ["source this file, then: deepspeed --num_nodes $NNODES --num_gpus $GPUS_PER_NODE \\",

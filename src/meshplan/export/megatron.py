@@ -8,16 +8,24 @@ distributed, mixed precision, Transformer-Engine, MoE and MLA groups). Uneven pi
 
 from __future__ import annotations
 
+from meshplan import catalog
 from meshplan.export.base import ExportResult, comment_block, header_lines
-from meshplan.export.layout import (dense_ffn, first_last_split, is_csv_schedule, model_notes, moe_first_dense,
-                                    stage_layers, uniform_split)
+from meshplan.export.layout import (
+    dense_ffn,
+    first_last_split,
+    is_csv_schedule,
+    model_notes,
+    moe_first_dense,
+    stage_layers,
+    uniform_split,
+)
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
 
 Args = list[tuple[str, object]]
 """(flag, value) pairs; value None means a bare switch."""
 
-_NATIVE_SCHEDULES = ("1f1b", "interleaved_1f1b")
 _NORMS = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
 _POSITIONS = {"rope": "rope", "learned": "learned_absolute", "none": "none"}
 
@@ -83,7 +91,7 @@ def _moe_args(model: ModelSpec, plan: Plan) -> Args:
     return args
 
 
-def _parallel_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
+def _parallel_args(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> tuple[Args, list[str]]:
     args: Args = [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
     notes: list[str] = []
     if plan.cp > 1:
@@ -92,7 +100,7 @@ def _parallel_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
         args += [("--expert-model-parallel-size", plan.ep), ("--expert-tensor-parallel-size", plan.etp)]
     if plan.sp and plan.tp > 1:
         args.append(("--sequence-parallel", None))
-    if plan.tp_comm_overlap and plan.tp > 1:
+    if stack.tp_comm_overlap and plan.tp > 1:
         args.append(("--tp-comm-overlap", None))
     if plan.rank_order == "tp-cp-ep-pp-dp":
         args.append(("--use-tp-pp-dp-mapping", None))
@@ -119,7 +127,7 @@ def _pipeline_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
     if is_csv_schedule(plan):
         notes.append(f"schedule CSV {name}: Megatron-LM runs only its built-in schedules; exported as "
                      f"{'interleaved 1F1B' if plan.vpp > 1 else '1F1B'}")
-    elif name not in _NATIVE_SCHEDULES:
+    elif name not in catalog.framework("megatron-core").schedules:
         notes.append(f"schedule {name}: Megatron-LM has no such schedule (it runs 1F1B, interleaved when virtual "
                      "stages are set); exported as " + ("interleaved 1F1B" if plan.vpp > 1 else "1F1B"))
     if plan.pp == 1:
@@ -136,7 +144,7 @@ def _pipeline_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
     return [("--pipeline-model-parallel-layout", layout_string(split))], notes
 
 
-def _batch_and_memory_args(plan: Plan) -> tuple[Args, list[str]]:
+def _batch_and_memory_args(plan: Plan, stack: FrameworkProfile) -> tuple[Args, list[str]]:
     args: Args = [("--micro-batch-size", plan.micro_batch), ("--global-batch-size", plan.global_batch)]
     notes: list[str] = []
     if plan.recompute == "full":
@@ -147,9 +155,9 @@ def _batch_and_memory_args(plan: Plan) -> tuple[Args, list[str]]:
             args += [("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
     elif plan.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
-        if plan.selective_policy == "mla_up_proj":
+        if stack.selective_policy == "mla_up_proj":
             args.append(("--recompute-modules", "mla_up_proj"))
-        elif plan.selective_policy == "op":
+        elif stack.selective_policy == "op":
             notes.append("selective recompute, per-op policy (torchtitan): Megatron-LM has no such module set; "
                          "exported as its default, the attention core")
     if plan.zero >= 1:
@@ -159,23 +167,23 @@ def _batch_and_memory_args(plan: Plan) -> tuple[Args, list[str]]:
         args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy)]
     if plan.zero and plan.dp_replicate > 1:
         args.append(("--num-distributed-optimizer-instances", plan.dp_replicate))
-    if plan.overlap_grad_reduce and plan.dp > 1:
+    if stack.overlap_grad_reduce and plan.dp > 1:
         args.append(("--overlap-grad-reduce", None))
-    if plan.overlap_param_gather and plan.zero >= 1 and plan.dp > 1:
+    if stack.overlap_param_gather and plan.zero >= 1 and plan.dp > 1:
         args.append(("--overlap-param-gather", None))
     return args, notes
 
 
-def _optimizer_args(plan: Plan) -> tuple[Args, list[str]]:
+def _optimizer_args(plan: Plan, stack: FrameworkProfile) -> tuple[Args, list[str]]:
     """Megatron-LM's precision-aware optimizer for 16-bit gradients or Adam moments, and what it cannot say."""
     args: Args = []
-    notes = [] if plan.fused_optimizer else [
+    notes = [] if stack.fused_optimizer else [
         "fused_optimizer=false: Megatron-LM's Adam is always multi-tensor (TE/apex FusedAdam)"]
-    if plan.grad_dtype == "bf16" or plan.optimizer_dtype == "bf16":
+    if stack.grad_dtype == "bf16" or stack.optimizer_dtype == "bf16":
         args.append(("--use-precision-aware-optimizer", None))
-        if plan.grad_dtype == "bf16":
+        if stack.grad_dtype == "bf16":
             args.append(("--main-grads-dtype", "bf16"))
-        if plan.optimizer_dtype == "bf16":
+        if stack.optimizer_dtype == "bf16":
             args += [("--exp-avg-dtype", "bf16"), ("--exp-avg-sq-dtype", "bf16")]
         if plan.zero == 0:
             notes.append("16-bit gradients or moments: Megatron-LM's precision-aware optimizer needs the "
@@ -189,13 +197,13 @@ def _precision_args(plan: Plan) -> Args:
     return {"bf16": [("--bf16", None)], "fp16": [("--fp16", None)], "fp32": []}[plan.precision]
 
 
-def megatron_args(model: ModelSpec, plan: Plan) -> tuple[Args, tuple[str, ...]]:
-    """The pretrain_gpt.py arguments for the plan and the approximations they make."""
+def megatron_args(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> tuple[Args, tuple[str, ...]]:
+    """The pretrain_gpt.py arguments for the plan under the stack's settings, and the approximations they make."""
     shape, n1 = _shape_args(model, plan)
-    par, n2 = _parallel_args(model, plan)
+    par, n2 = _parallel_args(model, plan, stack)
     pipe, n3 = _pipeline_args(model, plan)
-    mem, n4 = _batch_and_memory_args(plan)
-    opt, n5 = _optimizer_args(plan)
+    mem, n4 = _batch_and_memory_args(plan, stack)
+    opt, n5 = _optimizer_args(plan, stack)
     args = shape + _mla_args(model) + _moe_args(model, plan) + par + pipe + mem + opt + _precision_args(plan)
     return args, tuple(n1 + n2 + n3 + n4 + n5)
 
@@ -218,6 +226,7 @@ class MegatronExporter:
     """``meshplan export --to megatron``: a bash file defining MEGATRON_ARGS for pretrain_gpt.py."""
 
     name = "megatron"
+    stacks = ("megatron-core", "megatron-lm-2021", "megatron-lm-2022", "nemo", "megatron-bridge")
     formats = ("sh",)
     description = "Megatron-LM pretrain_gpt.py arguments (bash array)"
 
@@ -225,9 +234,10 @@ class MegatronExporter:
         """Bash script."""
         return ".sh"
 
-    def render(self, model: ModelSpec, plan: Plan, *, gpus: str = "", fmt: str = "") -> ExportResult:
+    def render(self, model: ModelSpec, plan: Plan, stack: FrameworkProfile, *, gpus: str = "",
+               fmt: str = "") -> ExportResult:
         """The arguments as a bash array plus a commented torchrun line."""
-        args, notes = megatron_args(model, plan)
+        args, notes = megatron_args(model, plan, stack)
         head = header_lines(framework="Megatron-LM", model=model, plan=plan, gpus=gpus, approximations=notes)
         launch = [f"launch on {plan.n_gpus} GPUs, adding tokenizer, data and optimizer arguments:",
                   "  torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE pretrain_gpt.py \\",

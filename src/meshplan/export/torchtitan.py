@@ -14,14 +14,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.export.base import ExportResult, comment_block, header_lines, resolve_format
+from meshplan.export.base import (
+    ExportResult,
+    comment_block,
+    header_lines,
+    resolve_format,
+)
 from meshplan.export.layout import is_csv_schedule, model_notes, stage_layers
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
-
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B",
-             "zb_h1": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
-"""meshplan schedule name -> torch.distributed.pipelining ``get_schedule_class`` name."""
+from meshplan.spec.schedules import schedule_spec
 
 # (family, n_layers, hidden) -> (torchtitan model name, flavor, >=0.3 config-registry function)
 _FLAVORS = {
@@ -97,22 +100,21 @@ def _pipeline(model: ModelSpec, plan: Plan, *, head: str) -> tuple[dict, list[st
         notes.append("schedule zb_h1 on one stage per rank: torch.distributed.pipelining has zero-bubble "
                      "schedules only for several stages per rank; exported as 1F1B")
         sec["pipeline_parallel_schedule"] = "1F1B"
-    elif name in SCHEDULES:
-        sec["pipeline_parallel_schedule"] = SCHEDULES[name]
     else:
-        notes.append(f"schedule {name}: torchtitan has no such schedule; exported as 1F1B")
-        sec["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan.vpp > 1 else "1F1B"
+        # torch.distributed.pipelining's get_schedule_class name, as the schedule registry spells it.
+        sec["pipeline_parallel_schedule"] = schedule_spec(name).torchtitan
     sec["module_fqns_per_model_part"] = stage_fqns(stage_layers(model, plan), head=head)
     return sec, notes
 
 
-def parallelism(model: ModelSpec, plan: Plan, *, head: str = "output") -> tuple[dict, list[str]]:
+def parallelism(model: ModelSpec, plan: Plan, stack: FrameworkProfile, *,
+                head: str = "output") -> tuple[dict, list[str]]:
     """The [parallelism] table (torchtitan 0.2 names) and its approximations."""
     sec, notes = _dp_degrees(plan)
     sec["tensor_parallel_degree"] = plan.tp
     if plan.tp > 1 and not plan.sp:
         notes.append("tp without sequence parallel: torchtitan's TP plan always shards norms over the sequence")
-    if plan.tp_comm_overlap and plan.tp > 1:
+    if stack.tp_comm_overlap and plan.tp > 1:
         sec["enable_async_tensor_parallel"] = True
     pipe, pipe_notes = _pipeline(model, plan, head=head)
     sec.update(pipe)
@@ -131,7 +133,7 @@ def parallelism(model: ModelSpec, plan: Plan, *, head: str = "output") -> tuple[
     return sec, notes + pipe_notes
 
 
-def training(plan: Plan) -> tuple[dict, list[str]]:
+def training(plan: Plan, stack: FrameworkProfile) -> tuple[dict, list[str]]:
     """The [training] table: with pp every micro-batch runs inside one step, else by gradient accumulation."""
     local = plan.micro_batch * plan.n_micro if plan.pp > 1 else plan.micro_batch
     sec = {"local_batch_size": local, "global_batch_size": plan.global_batch, "seq_len": plan.seq_len,
@@ -139,20 +141,20 @@ def training(plan: Plan) -> tuple[dict, list[str]]:
     notes = []
     if plan.precision == "fp16":
         notes.append("fp16: torchtitan trains in bf16 or fp32 only; exported as bf16 mixed precision")
-    if plan.grad_dtype != "fp32" or plan.optimizer_dtype != "fp32":
-        notes.append(f"grad_dtype={plan.grad_dtype}, optimizer_dtype={plan.optimizer_dtype}: torchtitan reduces "
+    if stack.grad_dtype != "fp32" or stack.optimizer_dtype != "fp32":
+        notes.append(f"grad_dtype={stack.grad_dtype}, optimizer_dtype={stack.optimizer_dtype}: torchtitan reduces "
                      "gradients and keeps AdamW states in fp32; exported as fp32")
     return sec, notes
 
 
-def activation_checkpoint(model: ModelSpec, plan: Plan) -> tuple[dict, list[str]]:
+def activation_checkpoint(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> tuple[dict, list[str]]:
     """The [activation_checkpoint] table."""
     if plan.recompute == "none":
         return {"mode": "none"}, []
     if plan.recompute == "selective":
         what = {"attention": "the attention core", "mla_up_proj": "MLA's up-projections"}
-        notes = [] if plan.selective_policy == "op" else [
-            f"selective recompute of {what[plan.selective_policy]}: torchtitan's per-op selective AC saves matmul "
+        notes = [] if stack.selective_policy == "op" else [
+            f"selective recompute of {what[stack.selective_policy]}: torchtitan's per-op selective AC saves matmul "
             "and attention outputs and recomputes the cheap ops instead"]
         return {"mode": "selective", "selective_ac_option": "op"}, notes
     per_rank = model.n_layers // plan.pp
@@ -164,25 +166,28 @@ def activation_checkpoint(model: ModelSpec, plan: Plan) -> tuple[dict, list[str]
     return {"mode": "full"}, []
 
 
-def job_sections(model: ModelSpec, plan: Plan, *, head: str = "output") -> tuple[dict, list[str]]:
+def job_sections(model: ModelSpec, plan: Plan, stack: FrameworkProfile, *,
+                 head: str = "output") -> tuple[dict, list[str]]:
     """Every table of the job config (0.2 names) and all approximations."""
     tm, notes = titan_model(model)
-    par, n1 = parallelism(model, plan, head=head)
-    tr, n2 = training(plan)
-    ac, n3 = activation_checkpoint(model, plan)
+    par, n1 = parallelism(model, plan, stack, head=head)
+    tr, n2 = training(plan, stack)
+    ac, n3 = activation_checkpoint(model, plan, stack)
     doc: dict = {"job": {"description": f"meshplan {model.name} on {plan.n_gpus} GPUs"},
                  "model": {"name": tm.name, "flavor": tm.flavor}, "training": tr, "parallelism": par,
                  "activation_checkpoint": ac}
-    # Plan.fused_optimizer: torchtitan's [optimizer] implementation ("fused" is its default; "for-loop" is
+    # The stack's fused_optimizer: torchtitan's [optimizer] implementation ("fused" is its default; "for-loop" is
     # torch's per-tensor path).
-    doc["optimizer"] = {"name": "AdamW", "implementation": "fused" if plan.fused_optimizer else "for-loop"}
+    doc["optimizer"] = {"name": "AdamW", "implementation": "fused" if stack.fused_optimizer else "for-loop"}
     if plan.precision == "fp8":
         doc["model"]["converters"] = ["quantize.linear.float8"]
         fp8: dict = {"recipe_name": "tensorwise"}
         if par["data_parallel_shard_degree"] > 1:
             fp8 |= {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
         doc["quantize"] = {"linear": {"float8": fp8}}
-    if plan.precision == "fp8" or par.get("enable_async_tensor_parallel"):
+    # torch.compile where the stack fuses its elementwise ops (torchtitan-compiled), and always under AsyncTP, which
+    # torchtitan refuses without it (parallelize.py: "Async TP requires --training.compile").
+    if stack.fused_kernels or par.get("enable_async_tensor_parallel"):
         doc["compile"] = {"enable": True, "components": ["model", "loss"]}
     return doc, notes + model_notes(model) + n1 + n2 + n3
 
@@ -191,6 +196,7 @@ class TorchtitanExporter:
     """``meshplan export --to torchtitan``: TOML job file (0.1/0.2) or config-registry module (>= 0.3)."""
 
     name = "torchtitan"
+    stacks = ("torchtitan", "torchtitan-compiled")
     formats = ("toml", "python")
     description = "torchtitan job config (TOML for 0.1/0.2, Python config registry for >= 0.3)"
 
@@ -198,15 +204,16 @@ class TorchtitanExporter:
         """``.toml`` or ``.py``."""
         return ".py" if fmt == "python" else ".toml"
 
-    def render(self, model: ModelSpec, plan: Plan, *, gpus: str = "", fmt: str = "") -> ExportResult:
+    def render(self, model: ModelSpec, plan: Plan, stack: FrameworkProfile, *, gpus: str = "",
+               fmt: str = "") -> ExportResult:
         """The job config in the requested layout."""
         if resolve_format(self, fmt) == "python":
             from meshplan.export.torchtitan_py import render_python
 
-            return render_python(model, plan, gpus=gpus)
+            return render_python(model, plan, stack, gpus=gpus)
         import tomli_w
 
-        doc, notes = job_sections(model, plan)
+        doc, notes = job_sections(model, plan, stack)
         head = header_lines(framework="torchtitan", model=model, plan=plan, gpus=gpus,
                             approximations=tuple(notes))
         head.append("run: torchrun ... -m torchtitan.train --job.config_file THIS_FILE")

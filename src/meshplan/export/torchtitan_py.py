@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from meshplan.export.base import ExportResult, comment_block, header_lines
 from meshplan.export.torchtitan import job_sections, titan_model
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
 
@@ -31,9 +32,9 @@ def _parallelism_0_3(par: dict, notes: list[str]) -> tuple[dict, dict]:
     return par, compile_extra
 
 
-def render_python(model: ModelSpec, plan: Plan, *, gpus: str = "") -> ExportResult:
+def render_python(model: ModelSpec, plan: Plan, stack: FrameworkProfile, *, gpus: str = "") -> ExportResult:
     """The config-registry module text and its approximations."""
-    doc, notes = job_sections(model, plan, head="lm_head")
+    doc, notes = job_sections(model, plan, stack, head="lm_head")
     tm, _ = titan_model(model)
     par, compile_extra = _parallelism_0_3(doc["parallelism"], notes)
     par["enable_sequence_parallel"] = plan.sp or plan.tp == 1

@@ -14,7 +14,15 @@ Public API::
 
 from __future__ import annotations
 
-from meshplan.report.data import SEARCH_KIND, VARIANT_KIND, Alternative, Report, build_report, from_search, pareto_front
+from meshplan.report.data import (
+    SEARCH_KIND,
+    VARIANT_KIND,
+    Alternative,
+    Report,
+    build_report,
+    from_search,
+    pareto_front,
+)
 from meshplan.report.variants import evaluate_variants, plan_variants
 
 

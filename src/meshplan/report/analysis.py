@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from meshplan.cost.result import Estimate
 from meshplan.report.data import Report
 from meshplan.spec.plan import Plan
+from meshplan.spec.schedules import schedule_spec
 
 GIB = 2**30
 SAME_TIME = 0.005
@@ -24,7 +25,6 @@ HOST_HINT = 0.05
 """Host-wait share of the step above which the report names it."""
 BUBBLE_HINT = 0.05
 """Bubble share of the step above which the report suggests how to shrink it."""
-ZERO_BUBBLE = ("zb_h1", "zbv", "dualpipev")
 
 
 def gib(x: float) -> str:
@@ -104,7 +104,7 @@ def _bubble_sentence(rep: Report) -> str:
     text = (f"pipeline bubble: {est.time.bubble:.3f} s ({100 * est.bubble_fraction:.1f} % of the step) with "
             f"{plan.n_micro} micro-batches over {plan.pp} stages ({plan.schedule_name})")
     if est.bubble_fraction > BUBBLE_HINT:
-        other = ("" if plan.schedule_name in ZERO_BUBBLE else " or a zero-bubble schedule (zb_h1, zbv)"
+        other = ("" if schedule_spec(plan.schedule_name).zero_bubble else " or a zero-bubble schedule (zb_h1, zbv)"
                  if plan.vpp > 1 else " or an interleaved / zero-bubble schedule")
         text += f"; more micro-batches per step{other} would shrink it"
     return text

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from meshplan.cost.result import INSIDE_COMPUTE
 from meshplan.errors import MeshplanError
-from meshplan.report.analysis import GIB, comparisons, component_name, layout_text, time_shares
+from meshplan.report.analysis import (
+    GIB,
+    comparisons,
+    component_name,
+    layout_text,
+    time_shares,
+)
 from meshplan.report.data import Report
 from meshplan.report.gantt import KIND_NAMES, GanttData
 
@@ -32,7 +38,7 @@ def plotly_go():
     return go
 
 
-def _layout(go, title: str, height: int) -> "go.Layout":
+def _layout(go, title: str, height: int):
     return go.Layout(title=title, height=height, font={"family": FONT, "size": 12}, template="plotly_white",
                      margin={"l": 110, "r": 30, "t": 50, "b": 50}, legend={"orientation": "h", "y": -0.12})
 

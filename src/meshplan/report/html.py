@@ -4,9 +4,23 @@ from __future__ import annotations
 
 from html import escape
 
-from meshplan.report.analysis import comparisons, component_name, gib, headline, layout_text, limiters, time_shares
+from meshplan.report.analysis import (
+    comparisons,
+    component_name,
+    gib,
+    headline,
+    layout_text,
+    limiters,
+    time_shares,
+)
 from meshplan.report.data import Report
-from meshplan.report.figures import gantt_figure, memory_figure, pareto_figure, plotly_go, time_figure
+from meshplan.report.figures import (
+    gantt_figure,
+    memory_figure,
+    pareto_figure,
+    plotly_go,
+    time_figure,
+)
 from meshplan.report.gantt import MAX_BARS, gantt_data
 
 CSS = """

@@ -6,7 +6,15 @@ from __future__ import annotations
 import textwrap
 from io import StringIO
 
-from meshplan.report.analysis import comparisons, component_name, gib, headline, layout_text, limiters, time_shares
+from meshplan.report.analysis import (
+    comparisons,
+    component_name,
+    gib,
+    headline,
+    layout_text,
+    limiters,
+    time_shares,
+)
 from meshplan.report.data import Report
 from meshplan.sim.timeline import Timeline
 

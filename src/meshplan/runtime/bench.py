@@ -151,14 +151,14 @@ def bench_dtensor_overhead(*, device: torch.device) -> float:
 
 
 HOST_STEP = {"model": "small-llama", "plan": {"global_batch": 8, "seq_len": 128, "micro_batch": 1,
-                                               "precision": "bf16", "fused_kernels": False,
-                                               "fused_optimizer": False}}
+                                               "precision": "bf16", "framework": "meshplan"},
+             "framework": {"fused_optimizer": False}}
 """The tiny training step whose time on a GPU is the host's: 8 micro-batches of a 256-wide model."""
 
 
 SYNC_STEP = {"model": "probe-llama", "plan": {"global_batch": 4, "seq_len": 192, "micro_batch": 2,
-                                               "precision": "fp32", "sp": True,
-                                               "fused_optimizer": False}}
+                                               "precision": "fp32", "sp": True, "framework": "meshplan"},
+             "framework": {"fused_optimizer": False}}
 """The step that calibrates the synchronisation per blocking collective on CPUs: tensor + sequence parallel over
 the whole world, ~16 blocking collectives per layer and micro-batch (tp = world is filled in)."""
 
@@ -170,17 +170,21 @@ def bench_sync_step(*, device: torch.device, warmup: int = 2, steps: int = 5) ->
     real steps: the peer's threads wake between real compute, not between back-to-back GEMMs).
     ``calibrate.local.fit_sync`` turns it into ``sync_s`` through the cost model's own count of calls."""
     plan = {**SYNC_STEP["plan"], "tp": dist.get_world_size()}
-    return {**SYNC_STEP, "plan": plan, "s": _min_step(SYNC_STEP["model"], plan, device, warmup, steps)}
+    return {**SYNC_STEP, "plan": plan, "s": _min_step({**SYNC_STEP, "plan": plan}, device, warmup, steps)}
 
 
-def _min_step(model: str, plan_dict: dict, device: torch.device, warmup: int, steps: int) -> float:
-    """Fastest of ``steps`` training steps (after ``warmup``) of the runtime's own trainer, slowest rank's
-    (``closed_loop``'s build and timed step, as ``meshplan check`` runs them)."""
+def _min_step(step: dict, device: torch.device, warmup: int, steps: int) -> float:
+    """Fastest of ``steps`` training steps (after ``warmup``) of the runtime's own trainer on ``step`` (model, plan
+    and the runtime's stack settings), slowest rank's (``closed_loop``'s build and timed step, as ``meshplan
+    check`` runs them)."""
+    from meshplan import catalog
     from meshplan.runtime.closed_loop import build_plan_trainer, timed_step
-    from meshplan.runtime.config import RunConfig
+    from meshplan.runtime.config import RUNTIME_STACK, RunConfig
     from meshplan.spec.io import plan_from_dict
 
-    trainer = build_plan_trainer(RunConfig(plan=plan_from_dict(plan_dict), model=model), device)
+    cfg = RunConfig(plan=plan_from_dict(step["plan"]), model=step["model"],
+                    stack=catalog.framework_with(RUNTIME_STACK, step.get("framework")))
+    trainer = build_plan_trainer(cfg, device)
     return min(timed_step(trainer, i + 1)[0] for i in range(warmup + steps) if i >= warmup)
 
 
@@ -193,7 +197,7 @@ def bench_host_step(*, device: torch.device, warmup: int = 2, steps: int = 5) ->
         backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
-        return {**HOST_STEP, "s": _min_step(HOST_STEP["model"], HOST_STEP["plan"], device, warmup, steps)}
+        return {**HOST_STEP, "s": _min_step(HOST_STEP, device, warmup, steps)}
     finally:
         if own:
             dist.destroy_process_group()

@@ -204,9 +204,9 @@ def build_trainer(cfg: RunConfig, spec: ModelSpec, meshes: Meshes, device: torch
         # Later pipeline stages see sequence-parallel shards, so positions cannot come from the input's length.
         part.positions = positions
         parts.append(parallelize(part, meshes, ignored=ignored, bf16=bf16))
-    # Plan.fused_optimizer: torch's multi-tensor (foreach) AdamW, or its per-tensor loop.
+    # The stack's fused_optimizer: torch's multi-tensor (foreach) AdamW, or its per-tensor loop.
     optimizers = tuple(torch.optim.AdamW(_mesh_groups(p), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                                         foreach=plan.fused_optimizer) for p in parts)
+                                         foreach=cfg.stack.fused_optimizer) for p in parts)
     schedule = None
     if plan.pp > 1:
         schedule = build_schedule(plan=plan, parts=parts, stage_ids=stage_ids, device=device,

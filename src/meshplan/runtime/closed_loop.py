@@ -19,15 +19,15 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
 
+from meshplan import catalog
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
-
-SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2))
-"""(schedule, vpp) pairs tried for pp > 1."""
+from meshplan.spec.schedules import schedule_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,10 +46,10 @@ class CheckSpace:
     """Micro-batch sizes to cross with every layout (empty = the largest that fits the layout, and half)."""
     precision: str = "fp32"
     """Compute precision of every plan (fp32 on a CPU)."""
-    fused_kernels: bool = False
-    """The runtime is eager PyTorch: elementwise ops are not fused."""
-    fused_optimizer: bool = False
-    """AdamW's per-tensor loop, the path the stored closed-loop measurements ran."""
+    stack: FrameworkProfile = field(default_factory=lambda: catalog.framework("meshplan"))
+    """The runtime's profile (eager PyTorch, FSDP2, foreach AdamW), as ``meshplan run`` runs every plan."""
+    schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
+    """Pipeline schedules tried for pp > 1, each at its least chunk count (interleaving at vpp 2)."""
 
 
 def _factorizations(world: int) -> list[tuple[int, int, int]]:
@@ -64,7 +64,7 @@ def layouts(space: CheckSpace) -> list[dict]:
     for tp, pp, dp in _factorizations(space.world):
         zeros = (0, 3) if dp > 1 else (0,)
         sps = (True, False) if tp > 1 else (False,)
-        scheds = SCHEDULES if pp > 1 else (("", 1),)
+        scheds = tuple((s, schedule_spec(s).chunks[0]) for s in space.schedules) if pp > 1 else (("", 1),)
         for zero, sp, (sched, vpp) in product(zeros, sps, scheds):
             out.append(dict(tp=tp, pp=pp, dp=dp, zero=zero, sp=sp, schedule=sched, vpp=vpp))
     return out
@@ -80,7 +80,6 @@ def _micro_batches(space: CheckSpace, dp: int, pp: int) -> tuple[int, ...]:
 
 def enumerate_plans(model: ModelSpec, space: CheckSpace) -> list[Plan]:
     """Every plan of ``space`` the planner's rules and the runtime accept, in a stable order."""
-    from meshplan import catalog
     from meshplan.runtime.parallelize import check_runtime_support
     from meshplan.spec.checks import plan_violations
 
@@ -90,8 +89,7 @@ def enumerate_plans(model: ModelSpec, space: CheckSpace) -> list[Plan]:
         for mb, rc in product(_micro_batches(space, lay["dp"], lay["pp"]), space.recompute):
             try:
                 plan = Plan(global_batch=space.global_batch, seq_len=space.seq_len, micro_batch=mb,
-                            recompute=rc, precision=space.precision, fused_kernels=space.fused_kernels,
-                            fused_optimizer=space.fused_optimizer, **lay)
+                            recompute=rc, precision=space.precision, framework=space.stack.name, **lay)
             except Exception:  # noqa: BLE001 - an invalid combination is simply not a plan
                 continue
             if plan_violations(model, cluster, plan) or check_runtime_support(model, plan) or \

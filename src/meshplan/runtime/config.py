@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from meshplan import catalog
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.io import plan_from_dict
 from meshplan.spec.plan import Plan
+
+RUNTIME_STACK = "meshplan"
+"""The profile of the stack this runtime is (catalog/frameworks/meshplan.toml)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,6 +22,9 @@ class RunConfig:
     """The parallel layout and workload (global batch, seq_len)."""
     model: str
     """Catalog model name, meshplan model file, or Hugging Face config.json path."""
+    stack: FrameworkProfile = field(default_factory=lambda: catalog.framework(RUNTIME_STACK))
+    """The runtime's own profile, with any settings changed (it honours ``fused_optimizer``: foreach AdamW or the
+    per-tensor loop); whatever stack the plan names, this runtime runs it."""
     steps: int = 10
     """Optimizer steps to reach (a resumed run continues up to this step)."""
     seed: int = 0
@@ -44,10 +52,18 @@ class RunConfig:
     extra: dict = field(default_factory=dict)
     """Free-form labels copied into the summary."""
 
+    def __post_init__(self) -> None:
+        if self.stack.name != RUNTIME_STACK:
+            from meshplan.errors import SpecError
+
+            raise SpecError("run.stack", self.stack.name, f"meshplan's runtime is the {RUNTIME_STACK} stack; predict "
+                            f"what it runs with --framework {RUNTIME_STACK}")
+
     def to_json(self) -> str:
         """JSON text the workers read back with from_json."""
         d = asdict(self)
         d["plan"] = self.plan.to_dict()
+        d["stack"] = self.stack.changes_from(catalog.framework(self.stack.name))
         return json.dumps(d)
 
     @staticmethod
@@ -55,5 +71,6 @@ class RunConfig:
         """Inverse of to_json."""
         d = json.loads(text)
         d["plan"] = plan_from_dict(d["plan"])
+        d["stack"] = catalog.framework_with(RUNTIME_STACK, d.get("stack"))
         d["profile_steps"] = tuple(d.get("profile_steps", ()))
         return RunConfig(**d)

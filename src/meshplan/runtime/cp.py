@@ -19,7 +19,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.tensor.experimental._context_parallel._attention import (
-    _templated_ring_attention, _templated_ring_attention_backward)
+    _templated_ring_attention,
+    _templated_ring_attention_backward,
+)
 
 aten = torch.ops.aten
 _SEQ_DIM = 2

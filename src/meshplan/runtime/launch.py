@@ -30,7 +30,7 @@ def validate(cfg: RunConfig, world_size: int) -> None:
     from meshplan.runtime.models.decoder import check_supported
     from meshplan.runtime.parallelize import check_runtime_support
     from meshplan.runtime.pipeline import pipeline_violations
-    from meshplan.spec.checks import plan_violations
+    from meshplan.spec.checks import plan_violations, stack_violations
 
     spec = catalog.model(cfg.model)
     check_supported(spec)
@@ -42,11 +42,23 @@ def validate(cfg: RunConfig, world_size: int) -> None:
     cluster = catalog.cluster(f"{plan.n_gpus}xcpu")
     problems += [p for p in plan_violations(spec, cluster, plan) if "fp8" not in p]
     problems += check_runtime_support(spec, plan) + pipeline_violations(plan)
+    problems += stack_violations(plan, cfg.stack) + unsupported_settings(cfg.stack)
     if cfg.steps < 1:
         problems.append(f"steps={cfg.steps} must be >= 1")
     if problems:
         raise PlanError(problems)
     Source(kind=cfg.data, vocab=spec.vocab, seed=cfg.seed)
+
+
+RUNTIME_SETTINGS = ("fused_optimizer",)
+"""Stack settings the runtime can change: AdamW's foreach or per-tensor path (everything else is what it is)."""
+
+
+def unsupported_settings(stack) -> list[str]:
+    """Settings of the run's stack that differ from the runtime's preset and that it cannot honour, as sentences."""
+    changes = stack.changes_from(catalog.framework(stack.name))
+    return [f"{k}={v}: meshplan's runtime keeps {k}={getattr(catalog.framework(stack.name), k)}"
+            for k, v in changes.items() if k not in RUNTIME_SETTINGS]
 
 
 def torchrun_command(config_path: str, nproc: int) -> list[str]:

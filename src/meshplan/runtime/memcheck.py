@@ -136,19 +136,17 @@ def _balance_moe(parts) -> None:
 
 
 def pipeline_order(plan: Plan, pp_rank: int) -> list[tuple[str, int]]:
-    """(``F`` or ``B``, micro-batch) actions of a single-stage schedule on ``pp_rank``: GPipe runs every forward
-    then every backward; 1F1B runs ``pp - 1 - pp_rank`` warm-up forwards, then alternates one forward and one
-    backward, then drains (Narayanan et al. 2021)."""
-    n = plan.n_micro
-    if plan.schedule_name == "gpipe":
-        return [("F", i) for i in range(n)] + [("B", i) for i in range(n)]
-    if plan.schedule_name != "1f1b":
-        raise ValueError(f"memcheck measures gpipe and 1f1b pipelines, not {plan.schedule_name}")
-    warm = min(plan.pp - 1 - pp_rank, n)
-    out = [("F", i) for i in range(warm)]
-    for i in range(n - warm):
-        out += [("F", warm + i), ("B", i)]
-    return out + [("B", i) for i in range(n - warm, n)]
+    """(``F`` or ``B``, micro-batch) actions of ``pp_rank`` in the plan's schedule, from its generator in the
+    simulator (``meshplan.sim.get_schedule``); memcheck runs one stage per rank with whole backwards."""
+    from meshplan.sim import get_schedule
+    from meshplan.sim.actions import FORWARD, FULL_BACKWARD
+
+    sched = get_schedule(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
+    acts = sched.actions[pp_rank]
+    if plan.vpp != 1 or any(a.kind not in (FORWARD, FULL_BACKWARD) for a in acts):
+        raise ValueError(f"memcheck measures one stage per rank with whole backwards (gpipe, 1f1b), not "
+                         f"{plan.schedule_name} with vpp={plan.vpp}")
+    return [("F" if a.kind == FORWARD else "B", a.microbatch) for a in acts]
 
 
 def _stage_input(t, xm: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,15 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
-                                               PrepareModuleInputOutput, RowwiseParallel, SequenceParallel,
-                                               parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    PrepareModuleInputOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from meshplan.runtime.mesh import Meshes
 from meshplan.runtime.models.decoder import Decoder
@@ -36,12 +42,6 @@ def check_runtime_support(spec: ModelSpec, plan: Plan) -> list[str]:
     moe = [b.layer.moe for b in spec.blocks if b.layer.moe is not None]
     if plan.etp > 1 and any(m.expert_ffn_hidden % plan.etp for m in moe):
         out.append(f"etp={plan.etp} must divide the experts' ffn width")
-    if plan.grad_dtype != "fp32" or plan.optimizer_dtype != "fp32":
-        out.append(f"grad_dtype={plan.grad_dtype}, optimizer_dtype={plan.optimizer_dtype}: the runtime keeps gradients "
-                   "and AdamW states in fp32")
-    if plan.recompute == "selective" and plan.selective_policy != "attention":
-        out.append(f"selective_policy={plan.selective_policy}: the runtime's selective recompute is the attention "
-                   "core (selective_policy=attention)")
     return out
 
 

@@ -1,8 +1,9 @@
 """Pipeline parallelism with torch.distributed.pipelining: hand-built stages and a registry of schedules.
 
 Stages are built by hand (no tracer): each stage is a ``Decoder`` holding its slice of layers, which is what the
-multi-stage, zero-bubble and V-shaped schedules need. A schedule's *style* says which stages a pp rank holds:
-``single`` (stage r), ``loop`` (stages r, r+pp, ...: interleaved) or ``v`` (stages r and 2*pp-1-r: ZBV, DualPipeV).
+multi-stage, zero-bubble and V-shaped schedules need. The schedule registry (``meshplan.spec.schedules``) names
+the torch class and the placement: which stages a pp rank holds (stage r; r, r+pp, ...: interleaved; or r and
+2*pp-1-r: ZBV, DualPipeV).
 A schedule may also be a user CSV (compute-only actions such as ``0F1``, one row per pp rank), run by
 ``_PipelineScheduleRuntime``; the stages a rank holds are read from its row.
 """
@@ -10,49 +11,32 @@ A schedule may also be a user CSV (compute-only actions such as ``0F1``, one row
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
-                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
-                                          ScheduleLoopedBFS, ScheduleZBVZeroBubble)
+from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
 from meshplan.errors import SpecError
 from meshplan.spec.checks import layer_split
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
+from meshplan.spec.schedules import is_csv, rank_stages, schedule_spec
 
 
-@dataclass(frozen=True, kw_only=True)
-class ScheduleKind:
-    """A registered schedule: the torch class and how stages map to ranks."""
+def schedule_class(name: str) -> type:
+    """The torch.distributed.pipelining class of a registered schedule (``ScheduleSpec.torch_class``)."""
+    import torch.distributed.pipelining as pipelining
 
-    cls: type
-    """torch.distributed.pipelining schedule class."""
-    style: str
-    """``single``, ``loop`` or ``v``."""
+    return getattr(pipelining, schedule_spec(name).torch_class)
 
 
-def schedule_registry() -> dict[str, ScheduleKind]:
-    """Every schedule name the runtime accepts (plan.schedule), mapped to torch's implementation."""
-    return {
-        "gpipe": ScheduleKind(cls=ScheduleGPipe, style="single"),
-        "1f1b": ScheduleKind(cls=Schedule1F1B, style="single"),
-        "interleaved_1f1b": ScheduleKind(cls=ScheduleInterleaved1F1B, style="loop"),
-        "looped_bfs": ScheduleKind(cls=ScheduleLoopedBFS, style="loop"),
-        "interleaved_zb": ScheduleKind(cls=ScheduleInterleavedZeroBubble, style="loop"),
-        "zb_h1": ScheduleKind(cls=ScheduleInterleavedZeroBubble, style="loop"),  # the simulator's name
-        "zbv": ScheduleKind(cls=ScheduleZBVZeroBubble, style="v"),
-        "dualpipev": ScheduleKind(cls=ScheduleDualPipeV, style="v"),
-    }
+def single_stage(name: str) -> bool:
+    """torch's class drives one stage per rank (PipelineScheduleSingle: GPipe, 1F1B), else a list of them."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
-
-def is_csv(schedule: str) -> bool:
-    """A plan's schedule names a CSV file rather than a registered schedule."""
-    return schedule.endswith(".csv")
+    return issubclass(schedule_class(name), PipelineScheduleSingle)
 
 
 def csv_stages(path: str) -> dict[int, tuple[int, ...]]:
@@ -79,16 +63,13 @@ def pipeline_violations(plan: Plan) -> list[str]:
         if len(rows) != plan.pp:
             return [f"schedule CSV {name} has {len(rows)} rows, pp={plan.pp}"]
         return []
-    reg = schedule_registry()
-    if name not in reg:
-        return [f"schedule {name!r} is not registered; known: {', '.join(reg)} or a .csv file"]
-    style = reg[name].style
-    if style == "single" and plan.vpp != 1:
-        return [f"schedule {name} runs one stage per rank, plan has vpp={plan.vpp}"]
-    if style == "v" and plan.vpp != 2:
-        return [f"schedule {name} is V-shaped and needs vpp=2, plan has vpp={plan.vpp}"]
+    why = schedule_spec(name).accepts(pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
+    if why:
+        return [why]
+    # torch.distributed.pipelining refuses fewer micro-batches than stages for every schedule but GPipe's.
     if plan.n_micro < plan.pp and name != "gpipe":
-        return [f"schedule {name} needs at least pp={plan.pp} micro-batches, plan has {plan.n_micro}"]
+        return [f"schedule {name} needs at least pp={plan.pp} micro-batches in torch.distributed.pipelining, "
+                f"plan has {plan.n_micro}"]
     return []
 
 
@@ -96,10 +77,7 @@ def stages_of_rank(plan: Plan, pp_rank: int) -> tuple[int, ...]:
     """Global stage indices held by pipeline rank ``pp_rank``."""
     if is_csv(plan.schedule_name):
         return csv_stages(plan.schedule_name)[pp_rank]
-    style = schedule_registry()[plan.schedule_name].style
-    if style == "v":
-        return (pp_rank, 2 * plan.pp - 1 - pp_rank)
-    return tuple(pp_rank + c * plan.pp for c in range(plan.vpp))
+    return rank_stages(plan.schedule_name, pp=plan.pp, n_stages=plan.n_stages)[pp_rank]
 
 
 def stage_layers(spec: ModelSpec, plan: Plan, stage: int) -> tuple[int, ...]:
@@ -119,7 +97,7 @@ def build_schedule(*, plan: Plan, parts: list[torch.nn.Module], stage_ids: tuple
         sched = _PipelineScheduleRuntime(stages, n_microbatches=plan.n_micro, loss_fn=loss_fn)
         sched._load_csv(name)
         return sched
-    kind = schedule_registry()[name]
-    if kind.style == "single":
-        return kind.cls(stages[0], n_microbatches=plan.n_micro, loss_fn=loss_fn)
-    return kind.cls(stages, n_microbatches=plan.n_micro, loss_fn=loss_fn)
+    cls = schedule_class(name)
+    if single_stage(name):
+        return cls(stages[0], n_microbatches=plan.n_micro, loss_fn=loss_fn)
+    return cls(stages, n_microbatches=plan.n_micro, loss_fn=loss_fn)

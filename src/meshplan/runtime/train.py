@@ -19,7 +19,13 @@ from torch.distributed.tensor import DTensor
 
 from meshplan import catalog
 from meshplan.runtime import checkpoint
-from meshplan.runtime.build import Trainer, build_trainer, loss_context, loss_fn, sync_grads
+from meshplan.runtime.build import (
+    Trainer,
+    build_trainer,
+    loss_context,
+    loss_fn,
+    sync_grads,
+)
 from meshplan.runtime.config import RunConfig
 from meshplan.runtime.data import Source, dp_slice
 from meshplan.runtime.mesh import build_meshes

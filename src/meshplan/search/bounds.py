@@ -13,14 +13,16 @@ from functools import lru_cache
 
 from meshplan.cost.calib import calibration_for
 from meshplan.cost.comm import collective_time, plan_links
-from meshplan.cost.dp import DPCost, adam_bytes, dp_cost
-from meshplan.cost.pipeline import V_SHAPED, closed_form, inflight_microbatches
+from meshplan.cost.dp import DPCost, adam_bytes, dp_cost, owned_params
+from meshplan.cost.memory import layer_params, reserved_bytes, static_floor
+from meshplan.cost.pipeline import closed_form, inflight_microbatches
 from meshplan.cost.result import StageTimes
-from meshplan.cost.memory import bytes_per_param, layer_params, reserved_bytes
 from meshplan.cost.stage import Ctx, head_cost, layer_cost, tokens_of
 from meshplan.spec.cluster import Pool, group_link
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
+from meshplan.spec.schedules import bound_factor, schedule_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +69,8 @@ class LayerTable:
     """Fixed per-step overhead (s)."""
     reserved: float
     """CUDA context and NCCL buffers (bytes)."""
+    stack: FrameworkProfile
+    """The software stack the costs were computed under."""
 
     @property
     def share(self) -> float:
@@ -89,12 +93,12 @@ class LayerTable:
         return sum(b.expert * b.n_layers for b in self.blocks)
 
 
-def layer_table(model: ModelSpec, pool: Pool, plan: Plan, *, calib=None) -> LayerTable:
+def layer_table(model: ModelSpec, pool: Pool, plan: Plan, *, stack: FrameworkProfile, calib=None) -> LayerTable:
     """Cost every block once with the cost model's own layer function (``meshplan.cost.stage.layer_cost``)."""
     cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib, pool.gpu.calibration)
     links = plan_links(plan, pool)
-    ctxs = {mode: Ctx(model=model, plan=plan.with_(recompute=mode, recompute_layers=0), gpu=pool.gpu, links=links,
-                      calib=cal) for mode in ("none", "selective", "full")}
+    ctxs = {mode: Ctx(model=model, plan=plan.with_(recompute=mode, recompute_layers=0), stack=stack, gpu=pool.gpu,
+                      links=links, calib=cal) for mode in ("none", "selective", "full")}
     blocks, fwd, bwd = [], 0.0, 0.0
     for b in model.blocks:
         costs = {mode: layer_cost(b, ctx, index_on_rank=0) for mode, ctx in ctxs.items()}
@@ -117,29 +121,18 @@ def layer_table(model: ModelSpec, pool: Pool, plan: Plan, *, calib=None) -> Laye
     hf, hb = head_cost(model, ctxs["none"])
     emb = model.vocab * model.hidden / plan.tp * (1 if model.tied_embeddings else 2)
     return LayerTable(blocks=tuple(blocks), head=hf + hb, emb=emb, fwd=fwd + hf, bwd=bwd + hb,
-                      opt_s_per_param=adam_bytes(plan) / (pool.gpu.hbm_bandwidth * cal.mem_eff), overhead=cal.step_overhead_s,
-                      reserved=reserved_bytes(pool.gpu.generation))
+                      opt_s_per_param=adam_bytes(stack) / (pool.gpu.hbm_bandwidth * cal.mem_eff),
+                      overhead=cal.step_overhead_s, reserved=reserved_bytes(pool.gpu.generation), stack=stack)
 
 
 def pipeline_factor(schedule: str, *, pp: int, vpp: int, n_micro: int, share: float = 0.0) -> float:
-    """Lower bound of pipeline time in units of the average rank's work per micro-batch, valid for any split.
-
-    From the closed forms (``meshplan.cost.pipeline``) with max_r W_r >= avg W: 1F1B and GPipe
-    m max + (sum - max) >= (m + p - 1) avg (Narayanan et al. 2021 eq. 1); interleaved
-    m max + (sum - max)/v + (v-1) max(p-m, 0) max/v >= (m + (p - 1)/v + (v-1) max(p-m, 0)/v) avg; zero-bubble
-    fills sum_r per_r - max_r per_r with per_r >= ``share`` W_r give (m + share (p - 1)) avg, halved for the
-    V-shaped schedules (Qi et al. 2023 sec. 3.1, 2024 sec. 6).
-    """
-    m, p, v = n_micro, pp, max(vpp, 1)
-    if p == 1:
-        return float(m)
-    if schedule in ("1f1b", "gpipe", ""):
-        return float(m + p - 1)
-    if schedule == "interleaved_1f1b":
-        return m + (p - 1) / v + (v - 1) * max(p - m, 0) / v
-    if schedule in V_SHAPED:
-        return m + share * (p - 1) / 2
-    return m + share * (p - 1)
+    """Lower bound of pipeline time in units of the average rank's work per micro-batch, valid for any split: the
+    schedule's closed form m M + c (S - M) + e M with M >= S / p (``meshplan.spec.schedules.bound_factor``).
+    1F1B and GPipe: m + p - 1 (Narayanan et al. 2021 eq. 1); interleaved: m + (p - 1)/v + (v-1) max(p-m, 0)/v;
+    zero-bubble fills per_r >= ``share`` W_r: m + share (p - 1), halved for the V-shaped schedules."""
+    if pp == 1 or not schedule:
+        return float(n_micro) if pp == 1 else bound_factor("1f1b", pp=pp, vpp=vpp, n_micro=n_micro)
+    return bound_factor(schedule, pp=pp, vpp=vpp, n_micro=n_micro, share=share)
 
 
 def mixed_pipeline_floor(layers: list[float], heads: list[float], least: list[float]) -> float:
@@ -158,25 +151,19 @@ def mixed_pipeline_floor(layers: list[float], heads: list[float], least: list[fl
 def mixed_schedule_bound(schedule: str, *, pp: int, vpp: int, n_micro: int, share: float, busiest: float,
                          total: float) -> float:
     """Pipeline time of any split whose busiest rank works at least ``busiest`` and all ranks together at least
-    ``total`` per micro-batch (s). The closed forms (``meshplan.cost.pipeline``) are m M + c (S - M) with M the
-    busiest rank's and S all ranks' work, c = 1 (1F1B, GPipe), 1/v (interleaved, plus (v-1) max(p-m, 0) M / v),
-    the zero-bubble share, halved for V-shaped schedules; increasing in M and S (m >= c), so M = max(busiest,
-    total / p) and S = total bound it.
+    ``total`` per micro-batch (s). The closed forms are m M + c (S - M) + e M with M the busiest rank's and S all
+    ranks' work (``ScheduleSpec.fill_coefficient``: c = 1 for 1F1B and GPipe, 1/v interleaved with e = (v-1)
+    max(p-m, 0)/v, the zero-bubble share, halved for V-shaped schedules); increasing in M and S (m >= c), so
+    M = max(busiest, total / p) and S = total bound it.
 
     Example: 1F1B, m = 8, M = 1.5 s, S = 2 s on p = 2: 7 x 1.5 + 2 = 12.5 s.
     """
-    m, p, v = n_micro, pp, max(vpp, 1)
+    m, p = n_micro, pp
     M = max(busiest, total / p)
     if p == 1:
         return m * M
-    extra = 0.0
-    if schedule in ("1f1b", "gpipe"):
-        c = 1.0 / (v if schedule == "gpipe" else 1)
-    elif schedule == "interleaved_1f1b":
-        c, extra = 1.0 / v, (v - 1) * max(p - m, 0) * M / v
-    else:
-        c = share / 2 if schedule in V_SHAPED else share
-    return (m - c) * M + c * total + extra
+    c, e = schedule_spec(schedule).fill_coefficient(p, vpp, m, share)
+    return (m - c + e) * M + c * total
 
 
 def p2p_lower_bound(model: ModelSpec, pool: Pool, plan: Plan, *, calib) -> float:
@@ -213,12 +200,6 @@ def _local_params(table: LayerTable, plan: Plan) -> tuple[float, float]:
     return table.dense / plan.pp, table.expert / plan.pp
 
 
-def expert_shard(plan: Plan) -> int:
-    """Ranks that share one expert shard's ZeRO copy (mirrors meshplan.cost.memory.rank_memory)."""
-    edp = max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1)
-    return max(1, edp * plan.shard_group // plan.dp) if plan.zero else 1
-
-
 def time_lower_bound(table: LayerTable, plan: Plan, *, p2p: float = 0.0, extra_work: float = 0.0,
                      dp: DPCost | None = None, pipe_floor: float = 0.0) -> float:
     """Step time can be no less than the pipeline bound on the average rank's work (plus ``extra_work`` per
@@ -241,9 +222,7 @@ def _optimizer_bound(table: LayerTable, plan: Plan) -> float:
     """Optimizer step of the average rank (s): memory-bound, linear in the parameters it owns, so the
     slowest rank takes at least this long (``meshplan.cost.dp.optimizer_time``)."""
     dense, expert = _local_params(table, plan)
-    eshard = max(plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp), 1) if plan.zero >= 1 else 1
-    owned = dense / plan.zero_group + expert / eshard
-    return owned * table.opt_s_per_param
+    return owned_params(plan, dense=dense, expert=expert) * table.opt_s_per_param
 
 
 def group_time_bound(table: LayerTable, plan: Plan, *, m: int | None = None) -> float:
@@ -285,27 +264,10 @@ def inflight_stats(schedule: str, *, pp: int, vpp: int, n_micro: int) -> tuple[f
 
 
 def _static_avg(table: LayerTable, plan: Plan) -> float:
-    """Weights, gradients, optimizer states and context of the average rank (bytes)."""
+    """Weights, gradients, optimizer states and context of the average rank (bytes): the cost model's static floor
+    (``meshplan.cost.memory.static_floor``) of its parameters."""
     dense, expert = _local_params(table, plan)
-    w, g, o = bytes_per_param(plan)
-    shard, eshard = plan.zero_group, expert_shard(plan)
-
-    def sharded(b: float, stage: int) -> float:
-        on = plan.zero >= stage
-        return dense * b / (shard if on else 1) + expert * b / (eshard if on else 1)
-
-    # FSDP2 with one micro-batch has no gradients at the peak (the start of the backward) unless they outgrow
-    # the activations (``meshplan.cost.memory.rank_memory``): count none, the activations cover the rest.
-    # Under a pipeline, FSDP2's gradients are the unsharded ones accumulated over no-sync micro-batches, which may
-    # be none at the peak (``pipelined_grads``: GPipe, or fewer micro-batches than the rank holds in flight).
-    held = plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1
-    grads = 0.0 if plan.zero == 3 and (plan.n_micro == 1 or held) else sharded(g, 2)
-    total = sharded(w, 3) + grads + sharded(o, 1) + table.reserved
-    if held:
-        # The unsharded 16-bit copy kept across micro-batches; the unsharded fp32 gradients accumulated beside
-        # it may take the place of activations, so they are left out.
-        total += (dense + expert) * 2.0
-    return total
+    return static_floor(plan, table.stack, dense=dense, expert=expert) + table.reserved
 
 
 def recompute_extra(table: LayerTable, plan: Plan, *, limit: float, selective: bool = True) -> float | None:
@@ -366,5 +328,5 @@ def dp_exact(table: LayerTable, plan: Plan, *, pool: Pool, calib) -> DPCost | No
     if plan.pp > 1:
         return None
     cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib, pool.gpu.calibration)
-    return dp_cost(table.dense, table.expert, plan=plan, links=plan_links(plan, pool), calib=cal, fwd=table.fwd,
-                   bwd=table.bwd, n_units=max(sum(b.n_layers for b in table.blocks), 1))
+    return dp_cost(table.dense, table.expert, plan=plan, stack=table.stack, links=plan_links(plan, pool), calib=cal,
+                   fwd=table.fwd, bwd=table.bwd, n_units=max(sum(b.n_layers for b in table.blocks), 1))

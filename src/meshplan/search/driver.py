@@ -7,29 +7,44 @@ from __future__ import annotations
 import math
 import time
 from bisect import insort
-from heapq import heappop, heappush
 from collections import Counter
+from heapq import heappop, heappush
 from typing import Callable
 
 from meshplan.cost.estimate import estimate, rank_pool
-from meshplan.cost.pipeline import V_SHAPED, stage_rank
+from meshplan.cost.pipeline import stage_rank
 from meshplan.errors import MeshplanError
+from meshplan.search.bounds import (
+    LayerTable,
+    dp_exact,
+    group_pipeline_floor,
+    group_time_bound,
+    layer_table,
+    mixed_pipeline_floor,
+    mixed_schedule_bound,
+    p2p_factor,
+    p2p_send_time,
+    recompute_extra,
+    static_lower_bound,
+    time_lower_bound,
+)
 from meshplan.search.even import even_pipeline_bound, even_split_work
-from meshplan.search.bounds import (LayerTable, dp_exact, layer_table,
-                                    group_pipeline_floor, group_time_bound, mixed_pipeline_floor,
-                                    mixed_schedule_bound, p2p_factor,
-                                    p2p_send_time, recompute_extra, static_lower_bound,
-                                    time_lower_bound)
 from meshplan.search.hetero import cluster_variants, in_cluster_order
-from meshplan.search.request import SearchRequest
 from meshplan.search.rank import finish
+from meshplan.search.request import SearchRequest
 from meshplan.search.result import RankedPlan, SearchResult
-from meshplan.search.shares import replica_floor, shares_floor, shares_leaf, shares_template
+from meshplan.search.shares import (
+    replica_floor,
+    shares_floor,
+    shares_leaf,
+    shares_template,
+)
 from meshplan.search.space import degree_tuples, groups, leaf_plan
 from meshplan.search.split import balanced_split
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import DEFAULT_RANK_ORDER, Plan
+from meshplan.spec.schedules import schedule_spec
 
 RANK_ORDERS = (DEFAULT_RANK_ORDER, "tp-cp-ep-pp-dp", "tp-dp-cp-ep-pp")
 """Rank orders tried on the best plans: Megatron's default, pipeline inside data parallel (pipeline sends on
@@ -67,14 +82,13 @@ class _Run:
     @staticmethod
     def layer_key(plan: Plan) -> tuple:
         """What per-layer costs depend on besides the pool."""
-        return (plan.tp, plan.cp, plan.micro_batch, plan.cp_kind, plan.ep, plan.etp, plan.sp, plan.rank_order,
-                plan.tp_comm_overlap)
+        return (plan.tp, plan.cp, plan.micro_batch, plan.cp_kind, plan.ep, plan.etp, plan.sp, plan.rank_order)
 
     def table(self, pool, plan: Plan) -> LayerTable:
         """Per-layer costs, shared by every leaf with the same pool and intra-layer layout."""
         key = (id(pool), *self.layer_key(plan))
         if key not in self.tables:
-            self.tables[key] = layer_table(self.model, pool, plan, calib=self.calib)
+            self.tables[key] = layer_table(self.model, pool, plan, stack=self.req.framework, calib=self.calib)
         return self.tables[key]
 
     def limits(self, vi: int, plan: Plan) -> list[float]:
@@ -101,6 +115,11 @@ class _Run:
         """Objective of the best fitting plan so far (inf until there is one): the bound prunes against the
         optimum only; runners-up are the best of what was evaluated."""
         return self.keys[0] if self.keys else math.inf
+
+    def selective_allowed(self) -> bool:
+        """Selective recompute is among the choices: not pinned away, and the stack offers it."""
+        return self.req.pins.get("recompute") in (None, "selective") and \
+            "selective" in self.req.framework.recompute_modes
 
     # -- enumeration and bounds --------------------------------------------------------------------------
     def groups(self):
@@ -129,12 +148,12 @@ class _Run:
             return None
         pipe = 0.0
         if pipelines and not self.req.exhaustive:
-            pin = self.req.pins.get("recompute")
-            pipe = group_pipeline_floor(fast, plan, pipelines, limit=cap, selective=pin in (None, "selective"))
+            pipe = group_pipeline_floor(fast, plan, pipelines, limit=cap, selective=self.selective_allowed())
             if pipe is None:
                 return None
         # The group's leaves hold the head on the last rank (looped) or on rank 0 (V-shaped): the lower floor.
-        heads = {plan.pp - 1} | ({0} if any(sched in V_SHAPED for sched, _ in pipelines) else set())
+        heads = {plan.pp - 1} | ({0} if any(schedule_spec(sched).placement == "v" for sched, _ in pipelines if sched)
+                                 else set())
         floor = min(self.mixed_floor(vi, plan, head_rank=h) for h in heads)
         tpl = self.shares_base(vi, plan)
         if tpl is not None:
@@ -162,7 +181,7 @@ class _Run:
         replica's sends are not known; no data-parallel term), raised to the slowest pool's pipeline bound for
         its share (``replica_floor``)."""
         fast = self.fastest(vi, plan)
-        extra = recompute_extra(fast, plan, limit=cap, selective=self.req.pins.get("recompute") in (None, "selective"))
+        extra = recompute_extra(fast, plan, limit=cap, selective=self.selective_allowed())
         if extra is None and not self.req.exhaustive:
             return None
         floor = max(replica_floor(self.table(p, plan), plan, s) for p, s in zip(self.variants[vi].pools,
@@ -219,8 +238,7 @@ class _Run:
         """Objective lower bound of a leaf, or None when it cannot fit even with full recompute."""
         var = self.variants[vi]
         fast = self.fastest(vi, plan)
-        pin = self.req.pins.get("recompute")
-        extra = recompute_extra(fast, plan, limit=cap, selective=pin in (None, "selective"))
+        extra = recompute_extra(fast, plan, limit=cap, selective=self.selective_allowed())
         if extra is None and not self.req.exhaustive:
             return None
         dp = dp_exact(fast, plan, pool=var.pools[0], calib=self.calib) if var.homogeneous else None
@@ -246,7 +264,7 @@ class _Run:
         self.n_eval += 1
         var = self.variants[vi]
         try:
-            est = estimate(self.model, var, plan, calib=self.calib)
+            est = estimate(self.model, var, plan, stack=self.req.framework, calib=self.calib)
         except MeshplanError:
             self.pruned["invalid after split"] += 1
             return None
@@ -288,13 +306,14 @@ class _Run:
             self.pruned["bound (recompute only adds time)"] += 1
             return
         pin = self.req.pins.get("recompute")
+        modes = self.req.framework.recompute_modes
         found = False
-        if pin in (None, "selective") and any(b.layer.attention for b in self.model.blocks):
+        if pin in (None, "selective") and "selective" in modes and any(b.layer.attention for b in self.model.blocks):
             sel = self.with_recompute(vi, plan, "selective")
             if sel is not None and self.fits(vi, sel):
                 self.accept(vi, sel)
                 found = True
-        if pin not in (None, "full"):
+        if pin not in (None, "full") or "full" not in modes:
             self.pruned["memory"] += 0 if found else 1
             return
         full = self.with_recompute(vi, plan, "full")

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from meshplan.cost.calib import calibration_for
 from meshplan.cost.comm import plan_links
 from meshplan.cost.dp import dp_cost
-from meshplan.cost.pipeline import V_SHAPED, stage_rank
+from meshplan.cost.pipeline import stage_rank
 from meshplan.search.bounds import LayerTable
 from meshplan.spec.cluster import Pool
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
+from meshplan.spec.schedules import schedule_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,22 +61,14 @@ def even_pipeline_bound(split: EvenSplit, table: LayerTable, plan: Plan, *, pool
     """Lower bound of the even split's step without its optimizer and overhead (s): the closed forms before
     max_r W_r is relaxed to the average (see ``pipeline_factor``), plus rank 0's once-per-step data-parallel
     tail, which nothing hides (``meshplan.cost.estimate._dp_exposed`` gives rank 0 no slack)."""
-    m, p, v = plan.n_micro, plan.pp, max(plan.vpp, 1)
+    m = plan.n_micro
     wmax, total = max(split.work), sum(split.work)
-    rest = total - wmax
-    s = plan.schedule_name
-    if s in ("1f1b", "gpipe"):
-        pipe = m * wmax + rest
-    elif s == "interleaved_1f1b":
-        pipe = m * wmax + rest / v + (v - 1) * max(p - m, 0) * wmax / v
-    elif s in V_SHAPED:
-        pipe = m * wmax + table.share * rest / 2
-    else:
-        pipe = m * wmax + table.share * rest
+    c, e = schedule_spec(plan.schedule_name).fill_coefficient(plan.pp, plan.vpp, m, table.share)
+    pipe = (m + e) * wmax + c * (total - wmax)
     if plan.zero == 3 and m == 1:
         return pipe
     cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib, pool.gpu.calibration)
     dense, expert, f, b, n0 = split.first
-    tail = dp_cost(dense, expert, plan=plan, links=plan_links(plan, pool), calib=cal, fwd=f, bwd=b,
-                   n_units=max(n0, 1)).per_step
+    tail = dp_cost(dense, expert, plan=plan, stack=table.stack, links=plan_links(plan, pool), calib=cal, fwd=f,
+                   bwd=b, n_units=max(n0, 1)).per_step
     return pipe + tail

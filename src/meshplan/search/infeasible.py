@@ -9,9 +9,9 @@ from dataclasses import replace
 from meshplan.cost.estimate import estimate
 from meshplan.cost.memory import GiB
 from meshplan.errors import Infeasible, MeshplanError
+from meshplan.search.bounds import layer_table, memory_lower_bound
 from meshplan.search.result import RankedPlan
 from meshplan.search.space import degree_tuples, leaf_plan, leaves
-from meshplan.search.bounds import layer_table, memory_lower_bound
 from meshplan.spec.cluster import ClusterSpec
 
 MAX_SCALE = 64
@@ -39,13 +39,13 @@ def _fits_on(model, cluster: ClusterSpec, req) -> bool:
             plan = leaf_plan(leaf, lean, recompute="full")
             key = (plan.tp, plan.cp, plan.ep, plan.etp, plan.cp_kind)
             if key not in tables:
-                tables[key] = layer_table(model, cluster.pools[0], plan)
+                tables[key] = layer_table(model, cluster.pools[0], plan, stack=req.framework)
             scored.append((memory_lower_bound(tables[key], plan), len(scored), plan))
     for mem, _, plan in sorted(scored)[:CONFIRM]:
         if mem > cap:
             return False
         try:
-            est = estimate(model, cluster, plan)
+            est = estimate(model, cluster, plan, stack=req.framework)
         except MeshplanError:
             continue
         if est.peak_memory <= cap:

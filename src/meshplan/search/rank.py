@@ -15,24 +15,18 @@ MAX_SIM_ACTIONS = 400_000
 """Plans whose schedule has more actions than this keep the closed-form pipeline time."""
 
 
-def _simulated(model: ModelSpec, rp: RankedPlan, calib) -> RankedPlan:
+def _simulated(model: ModelSpec, rp: RankedPlan, stack, calib) -> RankedPlan:
     """Re-estimate with the event simulator as the pipeline (meshplan.sim)."""
     from dataclasses import replace
 
-    from meshplan.cost.pipeline import PipelineTime
-    from meshplan.sim import simulate
+    from meshplan.sim.adapter import simulated_pipeline
 
     p = rp.plan
     if p.pp == 1 or p.pp * p.vpp * p.n_micro * 3 > MAX_SIM_ACTIONS:
         return rp
-
-    def pipe(name, times, *, pp, vpp, n_micro):
-        tl = simulate(name, times, pp=pp, vpp=vpp, n_micro=n_micro)
-        busy = max(tl.busy)
-        return PipelineTime(step=tl.pipeline_time, busy=busy, bubble=tl.pipeline_time - busy, p2p=0.0)
-
     try:
-        return replace(rp, simulated=estimate(model, rp.cluster, p, calib=calib, pipeline=pipe))
+        return replace(rp, simulated=estimate(model, rp.cluster, p, stack=stack, calib=calib,
+                                              pipeline=simulated_pipeline()))
     except MeshplanError:
         return rp
 
@@ -56,7 +50,7 @@ def finish(run, t0: float) -> SearchResult:
     keyed = sorted(run.fitting, key=lambda rp: (run.key(run.variants.index(rp.cluster), rp.estimate.step_time)))
     top = keyed[: req.top]
     if req.simulate:
-        top = [_simulated(run.model, rp, run.calib) for rp in top]
+        top = [_simulated(run.model, rp, req.framework, run.calib) for rp in top]
         top.sort(key=lambda rp: run.key(run.variants.index(rp.cluster), rp.step_time))
     infeasible, lean = (None, None)
     if not top:

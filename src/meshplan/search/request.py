@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from meshplan import catalog
 from meshplan.errors import SpecError
-from meshplan.spec.plan import PRECISIONS, STATE_DTYPES
+from meshplan.spec.framework import FrameworkProfile
+from meshplan.spec.plan import DEFAULT_FRAMEWORK, PRECISIONS
 
 OBJECTIVES = ("time", "cost")
 PIN_FIELDS = ("tp", "cp", "cp_kind", "pp", "vpp", "schedule", "dp", "zero", "dp_shard", "ep", "etp", "micro_batch",
@@ -25,11 +27,8 @@ class SearchRequest:
     """Tokens per sequence."""
     precision: str = "bf16"
     """Compute precision (``bf16``, ``fp16``, ``fp32``, ``fp8``)."""
-    grad_dtype: str = "fp32"
-    """Gradient buffers of every plan (``Plan.grad_dtype``): fp32, or bf16 under Megatron's precision-aware
-    optimizer."""
-    optimizer_dtype: str = "fp32"
-    """Adam moments of every plan (``Plan.optimizer_dtype``)."""
+    framework: FrameworkProfile = field(default_factory=lambda: catalog.framework(DEFAULT_FRAMEWORK))
+    """The software stack every plan runs under (its behaviour, and the layouts it can run at all)."""
     max_memory_fraction: float = DEFAULT_MEMORY_FRACTION
     """Largest predicted peak per GPU as a share of its device memory (may exceed 1 to reproduce a layout)."""
     objective: str = "time"
@@ -42,8 +41,6 @@ class SearchRequest:
     """Plans kept in the ranked table (the bound prunes against the top-th best)."""
     simulate: bool = True
     """Re-rank the survivors with the event simulator instead of the closed-form pipeline time."""
-    tp_comm_overlap: bool = True
-    """The framework may overlap TP collectives with GEMMs (Megatron/TE userbuffers, torch async-TP)."""
     allow_idle_pools: bool = True
     """Mixed clusters: plans may leave whole pools idle."""
     exhaustive: bool = False
@@ -58,9 +55,8 @@ class SearchRequest:
                 raise SpecError(f"request.{name}", v, "must be an integer >= 1")
         if self.precision not in PRECISIONS:
             raise SpecError("request.precision", self.precision, f"must be one of {', '.join(PRECISIONS)}")
-        for name in ("grad_dtype", "optimizer_dtype"):
-            if getattr(self, name) not in STATE_DTYPES:
-                raise SpecError(f"request.{name}", getattr(self, name), f"must be one of {', '.join(STATE_DTYPES)}")
+        if not isinstance(self.framework, FrameworkProfile):
+            raise SpecError("request.framework", self.framework, "must be a FrameworkProfile (catalog.framework)")
         if not 0 < self.max_memory_fraction <= 4:
             raise SpecError("request.max_memory_fraction", self.max_memory_fraction, "must be in (0, 4]")
         if self.objective not in OBJECTIVES:

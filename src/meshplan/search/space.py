@@ -11,15 +11,12 @@ from collections import Counter
 from typing import Iterator, NamedTuple
 
 from meshplan.search.request import SearchRequest
-from meshplan.spec.checks import plan_violations
+from meshplan.spec.checks import plan_violations, stack_violations
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
+from meshplan.spec.schedules import schedule_spec
 
-SCHEDULES_V1 = ("1f1b", "gpipe", "zb_h1")
-"""Schedules with one chunk per rank."""
-SCHEDULES_V2 = ("zbv", "dualpipev")
-"""V-shaped schedules: exactly two chunks per rank."""
 MIN_TOKENS_PER_CP_RANK = 1024
 """Context parallelism below ~1k tokens per rank leaves attention too small to hide the KV exchange (Megatron
 CP guidance: use it for sequences of 8k and more); shorter shards are pruned."""
@@ -74,7 +71,7 @@ def use_sp(deg: Degrees, req: SearchRequest) -> bool:
 def _probe(deg: Degrees, req: SearchRequest, **kw) -> Plan:
     return Plan(global_batch=req.global_batch, seq_len=req.seq_len, precision=req.precision, tp=deg.tp,
                 sp=use_sp(deg, req), cp=deg.cp, pp=deg.pp, dp=deg.dp, ep=deg.ep, etp=deg.etp,
-                grad_dtype=req.grad_dtype, optimizer_dtype=req.optimizer_dtype, **kw)
+                framework=req.framework.name, **kw)
 
 
 def _expert_options(model: ModelSpec, tp: int, cp: int, dp: int) -> list[tuple[int, int]]:
@@ -116,8 +113,12 @@ def degree_tuples(model: ModelSpec, cluster: ClusterSpec, req: SearchRequest, pr
                     if not (_pin_ok(req, "ep", ep) and _pin_ok(req, "etp", etp)):
                         continue
                     deg = Degrees(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp)
-                    if plan_violations(model, cluster, _probe(deg, req)):
+                    probe = _probe(deg, req)
+                    if plan_violations(model, cluster, probe):
                         pruned["divisibility"] += 1
+                        continue
+                    if stack_violations(probe, req.framework):
+                        pruned["the framework cannot run it"] += 1
                         continue
                     yield deg
 
@@ -146,29 +147,36 @@ def vpp_options(n_layers: int, pp: int) -> list[int]:
     return sorted(out)
 
 
-def interleave_ok(pp: int, n_micro: int) -> bool:
-    """torch's ScheduleInterleaved1F1B needs m divisible by its rounds max(1, m // pp) (meshplan.sim)."""
-    rounds = max(1, n_micro // pp)
-    return n_micro % rounds == 0
+def _chunk_options(spec, n_layers: int, pp: int, req: SearchRequest) -> list[int]:
+    """Chunks per rank a schedule is tried at: its fixed count, or the interleaving candidates
+    (``vpp_options``; a pinned vpp is tried as given)."""
+    lo, hi = spec.chunks
+    if lo == hi:
+        return [lo]
+    opts = [req.pins["vpp"]] if "vpp" in req.pins else vpp_options(n_layers, pp)
+    return [v for v in opts if v >= lo and (not hi or v <= hi)]
 
 
 def pipeline_options(n_layers: int, pp: int, n_micro: int, req: SearchRequest,
                      pruned: Counter) -> list[tuple[str, int]]:
-    """(schedule, vpp) pairs valid for this pipeline; ``("", 1)`` without pipelining."""
+    """(schedule, vpp) pairs valid for this pipeline among the schedules the stack runs (in the order its profile
+    lists them), each accepting pp, vpp and the micro-batch count (``ScheduleSpec.accepts``); ``("", 1)``
+    without pipelining."""
     if pp == 1:
         return [("", 1)] if _pin_ok(req, "vpp", 1) else []
-    out = [(s, 1) for s in SCHEDULES_V1]
-    if pp * 2 <= n_layers:
-        out += [(s, 2) for s in SCHEDULES_V2 if s != "dualpipev" or n_micro >= 2 * pp]
-    if interleave_ok(pp, n_micro):
-        out += [("interleaved_1f1b", v) for v in vpp_options(n_layers, pp)]
-    else:
-        pruned["schedule constraint"] += 1
-    kept = [(s, v) for s, v in out if _pin_ok(req, "schedule", s) and _pin_ok(req, "vpp", v)]
-    if req.pins.get("schedule") == "interleaved_1f1b" and "vpp" in req.pins and not kept \
-            and interleave_ok(pp, n_micro) and pp * req.pins["vpp"] <= n_layers:
-        kept = [("interleaved_1f1b", req.pins["vpp"])]
-    return kept
+    out = []
+    for name in req.framework.schedules:
+        if not _pin_ok(req, "schedule", name):
+            continue
+        spec = schedule_spec(name)
+        for v in _chunk_options(spec, n_layers, pp, req):
+            if pp * v > n_layers or not _pin_ok(req, "vpp", v):
+                continue
+            if spec.accepts(pp=pp, vpp=v, n_micro=n_micro):
+                pruned["schedule constraint"] += 1
+                continue
+            out.append((name, v))
+    return out
 
 
 def zero_options(deg: Degrees, req: SearchRequest, *, node: int, pruned: Counter) -> list[tuple[int, int]]:
@@ -176,11 +184,13 @@ def zero_options(deg: Degrees, req: SearchRequest, *, node: int, pruned: Counter
     moves fewer bytes than DDP's all-reduce and holds less, and ZeRO-2 costs ZeRO-1's time with less memory
     (it is offered only without pipelining: DeepSpeed forbids ZeRO-2 with pipelines and Megatron's distributed
     optimizer is ZeRO-1). HSDP groups span at least a node."""
+    stack = req.framework
+    top = 0 if stack.sharding == "none" else (stack.max_zero_with_pp if deg.pp > 1 else 3)
     group = deg.dp * deg.cp
     if group == 1:
         opts = [(0, 0)]
     else:
-        low = [0, 1, 2] if deg.pp == 1 else [0, 1]
+        low = [z for z in ([0, 1, 2] if deg.pp == 1 else [0, 1]) if z <= top]
         if not req.exhaustive and "zero" not in req.pins:
             pruned["dominated zero stage"] += len(low) - 1
             low = low[-1:]
@@ -191,7 +201,7 @@ def zero_options(deg: Degrees, req: SearchRequest, *, node: int, pruned: Counter
             keep = [d for d in shards if (d * deg.tp * deg.cp // node).bit_length() % 2 == 1]
             pruned["hsdp group sizes skipped"] += len(shards) - len(keep)
             shards = keep
-        opts += [(3, d) for d in shards] + [(3, 0)]
+        opts += [(3, d) for d in shards] + [(3, 0)] if top == 3 else []
     out = [(z, s) for z, s in opts if _pin_ok(req, "zero", z)]
     if "dp_shard" in req.pins:
         want = req.pins["dp_shard"]
@@ -205,7 +215,7 @@ def cp_kinds(model: ModelSpec, deg: Degrees, req: SearchRequest) -> list[str]:
         return ["ring"]
     heads = [b.layer.attention.n_heads for b in model.blocks if b.layer.attention]
     kinds = ["ring"] + (["a2a"] if all(h % (deg.tp * deg.cp) == 0 for h in heads) else [])
-    return [k for k in kinds if _pin_ok(req, "cp_kind", k)]
+    return [k for k in kinds if _pin_ok(req, "cp_kind", k) and k in req.framework.context_parallel]
 
 
 class Group(NamedTuple):
@@ -239,10 +249,9 @@ def leaves(model: ModelSpec, deg: Degrees, req: SearchRequest, *, node: int, pru
 
 
 def leaf_plan(leaf: Leaf, req: SearchRequest, **kw) -> Plan:
-    """The Plan of a leaf (sequence parallel whenever tp > 1; TP overlap where the framework allows it)."""
+    """The Plan of a leaf (sequence parallel whenever tp > 1), under the request's software stack."""
     d = leaf.deg
     return Plan(global_batch=req.global_batch, seq_len=req.seq_len, micro_batch=leaf.micro_batch, tp=d.tp,
                 sp=use_sp(d, req), cp=d.cp, cp_kind=leaf.cp_kind, pp=d.pp, vpp=leaf.vpp, schedule=leaf.schedule,
                 dp=d.dp, zero=leaf.zero, dp_shard=leaf.dp_shard, ep=d.ep, etp=d.etp, precision=req.precision,
-                tp_comm_overlap=req.tp_comm_overlap and d.tp > 1, grad_dtype=req.grad_dtype,
-                optimizer_dtype=req.optimizer_dtype, **kw)
+                framework=req.framework.name, **kw)

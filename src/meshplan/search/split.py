@@ -4,23 +4,21 @@ logits on the last) and its memory limit; turns the kernel's per-rank counts int
 
 from __future__ import annotations
 
-from meshplan.cost.memory import bytes_per_param, logits_bytes
-from meshplan.cost.pipeline import V_SHAPED, inflight_microbatches
-from meshplan.search.bounds import LayerTable, expert_shard
+from meshplan.cost.memory import holds_unsharded, logits_bytes, sharded_state
+from meshplan.cost.pipeline import inflight_microbatches
+from meshplan.search.bounds import LayerTable
 from meshplan.search.partition import PartitionProblem, min_max_partition
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
+from meshplan.spec.schedules import schedule_spec
 
 
-def _static_per_param(plan: Plan) -> tuple[float, float]:
-    """Bytes per dense and per expert parameter after ZeRO sharding (weights + grads + optimizer)."""
-    w, g, o = bytes_per_param(plan)
-    shard, eshard = plan.zero_group, expert_shard(plan)
-    dense = w / (shard if plan.zero >= 3 else 1) + g / (shard if plan.zero >= 2 else 1) + \
-        o / (shard if plan.zero >= 1 else 1)
-    expert = w / (eshard if plan.zero >= 3 else 1) + g / (eshard if plan.zero >= 2 else 1) + \
-        o / (eshard if plan.zero >= 1 else 1)
-    if plan.zero == 3 and plan.pp > 1 and plan.n_micro > 1:
+def _static_per_param(plan: Plan, stack) -> tuple[float, float]:
+    """Bytes per dense and per expert parameter after ZeRO sharding (weights + grads + optimizer, and the
+    unsharded copy a pipeline keeps), as the cost model counts them."""
+    dense = sum(sharded_state(plan, stack, dense=1.0, expert=0.0))
+    expert = sum(sharded_state(plan, stack, dense=0.0, expert=1.0))
+    if holds_unsharded(plan):
         dense, expert = dense + 2.0, expert + 2.0
     return dense, expert
 
@@ -28,11 +26,12 @@ def _static_per_param(plan: Plan) -> tuple[float, float]:
 def _spread(rank_layers: tuple[int, ...], plan: Plan) -> tuple[int, ...]:
     """Per-rank counts to layers per virtual stage (looped: chunk * pp + rank; V: rank r holds r, 2pp-1-r)."""
     pp, v = plan.pp, plan.vpp
+    v_shaped = schedule_spec(plan.schedule_name).placement == "v"
     out = [0] * (pp * v)
     for r, n in enumerate(rank_layers):
         base, extra = divmod(n, v)
         for c in range(v):
-            idx = (pp + (pp - 1 - r)) if (plan.schedule_name in V_SHAPED and c == 1) else c * pp + r
+            idx = (pp + (pp - 1 - r)) if (v_shaped and c == 1) else c * pp + r
             out[idx] = base + (1 if c >= v - extra else 0)
     return tuple(out)
 
@@ -46,14 +45,14 @@ def balanced_split(model: ModelSpec, plan: Plan, *, tables: list[LayerTable],
     ref = tables[0]
     mode = plan.recompute
     items_t, items_m = [], []
-    d_b, e_b = _static_per_param(plan)
+    d_b, e_b = _static_per_param(plan, ref.stack)
     for blk in ref.blocks:
         items_t += [blk.work] * blk.n_layers
         items_m += [(blk.dense * d_b + blk.expert * e_b, blk.act[mode])] * blk.n_layers
     stat = sum(s for s, _ in items_m) / len(items_m)
     act = sum(a for _, a in items_m) / len(items_m)
     ref_work = sum(b.work * b.n_layers for b in ref.blocks) or 1.0
-    head_rank = 0 if plan.schedule_name in V_SHAPED else pp - 1
+    head_rank = schedule_spec(plan.schedule_name).stage_rank(stage=plan.n_stages - 1, pp=pp)
     emb_each = ref.emb / (1 if model.tied_embeddings else 2)
     slow, fixed_t, scale, fixed_m = [], [], [], []
     for r in range(pp):
@@ -64,7 +63,7 @@ def balanced_split(model: ModelSpec, plan: Plan, *, tables: list[LayerTable],
         scale.append((stat + inflight * act) / max(stat + act, 1e-30))
         m = t.reserved + (emb_each * d_b if r == 0 else 0.0)
         if r == pp - 1:
-            m += logits_bytes(model, plan) + (emb_each * d_b if not model.tied_embeddings else 0.0)
+            m += logits_bytes(model, plan, ref.stack) + (emb_each * d_b if not model.tied_embeddings else 0.0)
         fixed_m.append(m)
     prob = PartitionProblem(item_time=tuple(items_t), item_mem=tuple(s + a for s, a in items_m),
                             stage_slowdown=tuple(slow), stage_time=tuple(fixed_t), stage_mem_scale=tuple(scale),

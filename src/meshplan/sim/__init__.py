@@ -9,7 +9,6 @@ Public API (what ``meshplan estimate`` and the search use)::
     write_schedule_csv(schedule, path) -> None
     validate(schedule) -> None                         # raises ScheduleError(rank, step, action)
     simulate(schedule_or_name, times: StageTimes, *, pp=0, vpp=1, n_micro=0, w_hold=0.5) -> Timeline
-    write_chrome_trace(timeline, path) -> None         # Chrome / Perfetto trace JSON
 
 Stage times (``meshplan.cost.result.StageTimes``) are indexed by stage in pipeline order; each schedule's
 ``placement`` says which rank holds a stage (``chunk * pp + rank`` for looped schedules, rank r holding stages
@@ -23,19 +22,10 @@ from meshplan.sim.actions import Action
 from meshplan.sim.engine import simulate, simulate_graph
 from meshplan.sim.graph import build_graph
 from meshplan.sim.schedule import Schedule, ScheduleError
-from meshplan.sim.schedules import get_schedule, schedule_entry, schedule_names
+from meshplan.sim.schedules import get_schedule, schedule_names
 from meshplan.sim.schedules.csv_io import load_schedule_csv, write_schedule_csv
 from meshplan.sim.timeline import Span, Timeline
 from meshplan.sim.validate import validate
 
-
-def write_chrome_trace(timeline: Timeline, path: str) -> None:
-    """Write ``timeline`` as Chrome/Perfetto trace JSON (see ``meshplan.export.trace``)."""
-    from meshplan.export.trace import write_chrome_trace as _write
-
-    _write(timeline, path)
-
-
 __all__ = ["Action", "Schedule", "ScheduleError", "Span", "Timeline", "build_graph", "get_schedule",
-           "load_schedule_csv", "schedule_entry", "schedule_names", "simulate", "simulate_graph", "validate",
-           "write_chrome_trace", "write_schedule_csv"]
+           "load_schedule_csv", "schedule_names", "simulate", "simulate_graph", "validate", "write_schedule_csv"]

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.sim.actions import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, FULL_BACKWARD, Action
+from meshplan.sim.actions import (
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    FULL_BACKWARD,
+    Action,
+)
 from meshplan.sim.schedule import Schedule, ScheduleError
 
 KIND_CODE = {FORWARD: 0, BACKWARD_INPUT: 1, BACKWARD_WEIGHT: 2, FULL_BACKWARD: 3}

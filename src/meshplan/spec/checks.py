@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from meshplan.errors import PlanError
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
+from meshplan.spec.schedules import is_csv, schedule_spec
 
 
 def even_split(n_layers: int, n_stages: int) -> tuple[int, ...]:
@@ -66,6 +68,10 @@ def _pipeline_violations(model: ModelSpec, plan: Plan) -> list[str]:
         out.append(f"pp*vpp={plan.n_stages} virtual stages exceed the model's {model.n_layers} layers")
     if plan.vpp > 1 and plan.pp == 1:
         out.append(f"vpp={plan.vpp} needs pp > 1")
+    if plan.pp > 1 and not is_csv(plan.schedule_name):
+        why = schedule_spec(plan.schedule_name).accepts(pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
+        if why:
+            out.append(why)
     return out
 
 
@@ -138,3 +144,27 @@ def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> None:
     bad = plan_violations(model, cluster, plan)
     if bad:
         raise PlanError(bad)
+
+
+def stack_violations(plan: Plan, stack: FrameworkProfile) -> list[str]:
+    """What the plan asks of its software stack that the stack cannot do (its capability fields), in words."""
+    out = []
+    name = stack.name
+    if plan.tp > 1 and not stack.tensor_parallel:
+        out.append(f"tp={plan.tp}: {name} has no tensor parallelism (use tp=1 or another framework)")
+    if plan.cp > 1 and plan.cp_kind not in stack.context_parallel:
+        kinds = ", ".join(stack.context_parallel) or "none"
+        out.append(f"cp={plan.cp} with cp_kind={plan.cp_kind}: {name} runs context parallelism of kinds: {kinds}")
+    if plan.ep > 1 and not stack.expert_parallel:
+        out.append(f"ep={plan.ep}: {name} has no expert parallelism")
+    if plan.pp > 1 and plan.schedule_name not in stack.schedules and not plan.schedule_name.endswith(".csv"):
+        scheds = ", ".join(stack.schedules) or "none (no pipeline parallelism)"
+        out.append(f"schedule {plan.schedule_name}: {name} runs the pipeline schedules {scheds}")
+    if plan.zero and stack.sharding == "none":
+        out.append(f"zero={plan.zero}: {name} has no ZeRO/FSDP sharding (use zero=0)")
+    if plan.pp > 1 and plan.zero > stack.max_zero_with_pp:
+        out.append(f"zero={plan.zero} with pp={plan.pp}: {name} combines pipelines with ZeRO stage "
+                   f"<= {stack.max_zero_with_pp} only")
+    if plan.recompute not in stack.recompute_modes:
+        out.append(f"recompute={plan.recompute}: {name} offers {', '.join(stack.recompute_modes)}")
+    return out

@@ -7,14 +7,22 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any
 
 from meshplan.errors import SpecError, close_matches
 from meshplan.spec.cluster import ClusterSpec, NetworkLevel, Pool
+from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.hardware import GPUSpec, PeakFlops
-from meshplan.spec.model import AttentionSpec, BlockSpec, LayerSpec, ModelSpec, MoESpec, decoder_model
+from meshplan.spec.model import (
+    AttentionSpec,
+    BlockSpec,
+    LayerSpec,
+    ModelSpec,
+    MoESpec,
+    decoder_model,
+)
 from meshplan.spec.plan import Plan
 
 
@@ -92,7 +100,7 @@ def _calibration_pairs(d: dict, where: str) -> tuple[tuple[str, float], ...]:
     """A GPU file's measured calibration constants, checked against the known names."""
     from dataclasses import fields as dc_fields
 
-    from meshplan.cost.calib import Calibration
+    from meshplan.spec.calibration import Calibration
 
     check_keys(where, d, {f.name for f in dc_fields(Calibration)})
     return tuple(sorted((k, float(v)) for k, v in d.items()))
@@ -176,8 +184,22 @@ def cluster_from_dict(d: dict, gpu_lookup, where: str = "cluster") -> ClusterSpe
                        inter_pool_bandwidth=float(d.get("inter_pool_gb_s", 0.0)) * 1e9)
 
 
+# ---------------------------------------------------------------- software stacks
+def framework_from_dict(d: dict, where: str = "framework") -> FrameworkProfile:
+    """A stack profile from a catalog file: its fields plus a ``[sources]`` table citing each value."""
+    data = dict(d)
+    sources = data.pop("sources", {})
+    known = {f.name for f in fields(FrameworkProfile)}
+    if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+        raise SpecError(f"{where}.sources", sources, "must be a table of field = citation")
+    bad = sorted(set(sources) - known)
+    if bad:
+        raise SpecError(f"{where}.sources", bad, "must cite fields of the profile", close_matches(bad[0], known))
+    return replace(build(FrameworkProfile, data, where), sources=dict(sources))
+
+
 # ---------------------------------------------------------------- plans
-PLAN_FILE_KEYS = {"model", "gpus", "cluster", "plan", "predicted"}
+PLAN_FILE_KEYS = {"model", "gpus", "cluster", "plan", "framework", "predicted"}
 
 
 def plan_from_dict(d: dict, where: str = "plan") -> Plan:
@@ -186,20 +208,26 @@ def plan_from_dict(d: dict, where: str = "plan") -> Plan:
 
 
 def read_plan_file(path: str | Path) -> tuple[Plan, dict]:
-    """A plan file: ``[plan]`` table plus optional ``model``, ``gpus`` or ``cluster`` references.
+    """A plan file: ``[plan]`` table plus optional ``model``, ``gpus`` or ``cluster`` references and a
+    ``[framework]`` table of the stack's settings that differ from the preset ``plan.framework`` names.
 
-    Returns the plan and the dict of references (model, gpus, cluster) the file carries.
+    Returns the plan and the dict of references (model, gpus, cluster, framework) the file carries.
     """
     d = read_file(path)
     if "plan" not in d:
         return plan_from_dict(d, f"{path}"), {}
     check_keys(str(path), d, PLAN_FILE_KEYS, ("plan",))
-    refs = {k: d[k] for k in ("model", "gpus", "cluster") if k in d}
+    refs = {k: d[k] for k in ("model", "gpus", "cluster", "framework") if k in d}
+    if "framework" in refs and not isinstance(refs["framework"], dict):
+        raise SpecError(f"{path}.framework", refs["framework"], "must be a table of stack settings, e.g. "
+                        "grad_dtype = \"bf16\" (the stack's name is plan.framework)")
     return plan_from_dict(d["plan"], f"{path}.plan"), refs
 
 
-def plan_file_text(plan: Plan, *, model: str = "", gpus: str = "", predicted: dict | None = None) -> str:
-    """TOML text of a plan file that read_plan_file reads back."""
+def plan_file_text(plan: Plan, *, model: str = "", gpus: str = "", framework: dict | None = None,
+                   predicted: dict | None = None) -> str:
+    """TOML text of a plan file that read_plan_file reads back; ``framework``: the stack settings that differ
+    from the preset the plan names (``FrameworkProfile.changes_from``)."""
     import tomli_w
 
     doc: dict = {}
@@ -208,6 +236,8 @@ def plan_file_text(plan: Plan, *, model: str = "", gpus: str = "", predicted: di
     if gpus:
         doc["gpus"] = gpus
     doc["plan"] = plan.to_dict()
+    if framework:
+        doc["framework"] = dict(framework)
     if predicted:
         doc["predicted"] = predicted
     return tomli_w.dumps(doc)

@@ -9,15 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from meshplan.errors import SpecError
+from meshplan.spec.schedules import check_schedule_name
 
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 CP_KINDS = ("ring", "a2a")
-SELECTIVE_POLICIES = ("attention", "op", "mla_up_proj")
-ZERO_GATHERS = ("unit", "param")
-STATE_DTYPES = ("fp32", "bf16")
 AXES = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
+DEFAULT_FRAMEWORK = "megatron-core"
+"""The stack a plan is predicted for when nobody names one (what ``meshplan export --to megatron`` writes)."""
 
 
 def _check_int(name: str, value: int, lo: int) -> None:
@@ -63,44 +63,17 @@ class Plan:
     etp: int = 1
     """Tensor-parallel degree of the experts."""
     recompute: str = "none"
-    """Activation recomputation: ``none``, ``selective`` (attention core) or ``full`` (whole layer)."""
+    """Activation recomputation: ``none``, ``selective`` (what the stack's ``selective_policy`` names) or ``full``
+    (whole layer)."""
     recompute_layers: int = 0
     """With ``full``: layers per pipeline rank that are recomputed; 0 = all of them."""
-    selective_policy: str = "attention"
-    """What ``selective`` recomputes: ``attention`` (Megatron: the attention core) or ``op`` (torchtitan's
-    per-op policy: every other matmul and all elementwise ops; attention outputs kept) or ``mla_up_proj``
-    (Megatron ``recompute_modules=["mla_up_proj"]``: the MLA query/key-value up-projections and RoPE, core
-    attention kept; layers without MLA recompute nothing)."""
-    fused_kernels: bool = True
-    """Elementwise ops run fused (Megatron/TE kernels or torch.compile); False = eager PyTorch."""
-    grad_dtype: str = "fp32"
-    """Gradient buffers, accumulated over micro-batches and reduced: ``fp32`` (Megatron's main_grad, FSDP2's
-    reduce dtype) or ``bf16`` (Megatron ``--main-grads-dtype bf16``, the DeepSeek-V3 recipes'
-    ``grad_reduce_in_fp32=False``; fp16 training always keeps 16-bit gradients)."""
-    optimizer_dtype: str = "fp32"
-    """Adam's two moments: ``fp32``, or ``bf16`` (Megatron's precision-aware optimizer, ``--exp-avg-dtype`` and
-    ``--exp-avg-sq-dtype bf16``). The master weights stay fp32."""
-    fused_optimizer: bool = True
-    """The optimizer step runs as multi-tensor kernels (Megatron/TE/apex FusedAdam, DeepSpeed FusedAdam,
-    torch AdamW ``foreach``/``fused``, torchtitan's default); False = torch's per-tensor loop
-    (``foreach=False``), a dozen launches per parameter tensor."""
-    flash_attention: bool = True
-    """Attention runs as one fused flash kernel (Dao et al. 2022); False = separate QK^T, softmax and AV
-    kernels that materialize the score matrix (Megatron-LM before 2023)."""
     precision: str = "bf16"
     """Compute precision: ``bf16``, ``fp16``, ``fp32``, or ``fp8`` (linear layers only)."""
-    overlap_grad_reduce: bool = True
-    """Overlap the gradient reduction with the backward pass."""
-    overlap_param_gather: bool = True
-    """Overlap ZeRO/FSDP parameter all-gathers with compute."""
-    zero_gather: str = "unit"
-    """How ZeRO-3 moves parameters: ``unit`` (one all-gather and one reduce-scatter per layer: FSDP units,
-    Megatron buckets, DeepSpeed's coalesced gathers) or ``param`` (one per parameter tensor, each paying the
-    collective's latency: DeepSpeed ZeRO-3 as released in 2021)."""
-    tp_comm_overlap: bool = False
-    """Overlap TP collectives with GEMMs (Megatron/TE userbuffers)."""
     rank_order: str = DEFAULT_RANK_ORDER
     """Order of axes from fastest-varying (innermost) to slowest, e.g. ``tp-cp-ep-dp-pp``."""
+    framework: str = DEFAULT_FRAMEWORK
+    """The software stack that runs the plan: a profile name from ``catalog/frameworks`` (what a stack does that the
+    layout does not say: kernel fusion, FSDP flavour, overlap, recompute policy, optimizer precision)."""
     batch_shares: tuple[int, ...] = ()
     """Mixed clusters: micro-batches per step of each data-parallel replica, per pool in cluster order (every
     replica on pool i runs ``batch_shares[i]``; global_batch = sum_i replicas_i * share_i * micro_batch);
@@ -113,9 +86,7 @@ class Plan:
         _check_int("dp_shard", self.dp_shard, 0)
         if self.zero not in (0, 1, 2, 3):
             raise SpecError("plan.zero", self.zero, "must be 0, 1, 2 or 3")
-        for name, opts in (("recompute", RECOMPUTE), ("precision", PRECISIONS), ("cp_kind", CP_KINDS),
-                           ("selective_policy", SELECTIVE_POLICIES), ("zero_gather", ZERO_GATHERS),
-                           ("grad_dtype", STATE_DTYPES), ("optimizer_dtype", STATE_DTYPES)):
+        for name, opts in (("recompute", RECOMPUTE), ("precision", PRECISIONS), ("cp_kind", CP_KINDS)):
             if getattr(self, name) not in opts:
                 raise SpecError(f"plan.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
         order = self.rank_order.split("-")
@@ -125,6 +96,9 @@ class Plan:
         if any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in self.batch_shares):
             raise SpecError("plan.batch_shares", self.batch_shares,
                             "micro-batches per replica must be integers >= 1 (leave a pool out to idle it)")
+        check_schedule_name(self.schedule)
+        if not isinstance(self.framework, str) or not self.framework:
+            raise SpecError("plan.framework", self.framework, "must name a software-stack profile")
         if self.layer_split and any(x < 0 for x in self.layer_split):
             raise SpecError("plan.layer_split", self.layer_split, "layer counts must be >= 0")
 
@@ -156,6 +130,20 @@ class Plan:
         """Ranks that shard one ZeRO/FSDP copy: the shard group with cp folded in (Megatron's distributed
         optimizer uses the dp x cp group; torchtitan applies FSDP on its dp_shard x cp mesh)."""
         return self.shard_group * self.cp if self.zero else 1
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert-data-parallel degree: the ranks that hold the same expert shard (Megatron MoE layout: ep x etp
+        experts groups folded inside tp x cp x dp)."""
+        return max(self.tp * self.cp * self.dp // (self.ep * self.etp), 1)
+
+    @property
+    def expert_zero_group(self) -> int:
+        """Ranks that shard one ZeRO copy of the experts: the expert-data-parallel ranks in the same proportion as
+        the dense shard group (HSDP shards experts over expert_dp x dp_shard / dp ranks; 1 for zero 0)."""
+        if not self.zero:
+            return 1
+        return max(1, self.expert_dp * self.shard_group // self.dp)
 
     @property
     def dp_replicate(self) -> int:

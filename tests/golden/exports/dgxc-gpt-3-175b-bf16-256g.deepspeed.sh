@@ -1,7 +1,8 @@
+# APPROXIMATE: the plan was predicted for the nemo stack; deepspeed runs it as megatron-deepspeed (kernels, sharding and overlap differ): re-predict with --framework megatron-deepspeed
 #!/usr/bin/env bash
 # meshplan export for DeepSpeed
 # model: gpt3-175b (96 layers); gpus: 256xh100-sxm
-# plan: global_batch=512, seq_len=2048, tp=4, sp=True, pp=8, vpp=12, dp=8, zero=1
+# plan: global_batch=512, seq_len=2048, tp=4, sp=True, pp=8, vpp=12, dp=8, zero=1, framework=nemo
 # APPROXIMATE: DeepSpeed cannot express 1 part(s) of the plan:
 #   - schedule interleaved_1f1b with vpp=12: DeepSpeed's pipeline engine runs 1F1B on one stage per rank (or ZB-H1); exported as 1F1B
 # source this file, then: deepspeed --num_nodes $NNODES --num_gpus $GPUS_PER_NODE \
@@ -40,6 +41,7 @@ MDS_ARGS=(
     --micro-batch-size 1
     --global-batch-size 512
     --bf16
+    --use-flash-attn-v2
     --deepspeed
     --deepspeed_config ${DS_CONFIG}
     --zero-stage 1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # meshplan export for Megatron-LM
 # model: gpt3-175b (96 layers); gpus: 256xh100-sxm
-# plan: global_batch=512, seq_len=2048, tp=4, sp=True, pp=8, vpp=12, dp=8, zero=1
+# plan: global_batch=512, seq_len=2048, tp=4, sp=True, pp=8, vpp=12, dp=8, zero=1, framework=nemo
 # exact: Megatron-LM expresses every part of the plan
 # launch on 256 GPUs, adding tokenizer, data and optimizer arguments:
 #   torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE pretrain_gpt.py \

@@ -1,7 +1,8 @@
+# APPROXIMATE: the plan was predicted for the nemo stack; torchtitan runs it as torchtitan (kernels, sharding and overlap differ): re-predict with --framework torchtitan
 """meshplan export: torchtitan >= 0.3 config registry."""
 # meshplan export for torchtitan
 # model: gpt3-175b (96 layers); gpus: 256xh100-sxm
-# plan: global_batch=512, seq_len=2048, tp=4, sp=True, pp=8, vpp=12, dp=8, zero=1
+# plan: global_batch=512, seq_len=2048, tp=4, sp=True, pp=8, vpp=12, dp=8, zero=1, framework=nemo
 # APPROXIMATE: torchtitan cannot express 2 part(s) of the plan:
 #   - model gpt3-175b: torchtitan ships no flavor with 96 layers x 12288 (gpt); the config names flavor 'gpt3-175b' of 'llama3', which you must register
 #   - ZeRO-1: torchtitan shards with FSDP2 only; exported as FSDP without resharding after forward (gradients are sharded too, as in ZeRO-2)
@@ -37,5 +38,5 @@ def meshplan_config():
         enable_sequence_parallel=True,
     )
     config.activation_checkpoint = None
-    config.compile = CompileConfig(enable=False)
+    config.compile = CompileConfig(enable=True)
     return config

@@ -1,7 +1,8 @@
+# APPROXIMATE: the plan was predicted for the nemo stack; deepspeed runs it as megatron-deepspeed (kernels, sharding and overlap differ): re-predict with --framework megatron-deepspeed
 #!/usr/bin/env bash
 # meshplan export for DeepSpeed
 # model: grok-1-314b (64 layers); gpus: 1024xh100-sxm
-# plan: global_batch=2048, seq_len=8192, tp=4, sp=True, cp=2, pp=8, vpp=8, dp=16, zero=1, ep=8
+# plan: global_batch=2048, seq_len=8192, tp=4, sp=True, cp=2, pp=8, vpp=8, dp=16, zero=1, ep=8, framework=nemo
 # APPROXIMATE: DeepSpeed cannot express 3 part(s) of the plan:
 #   - GeGLU: Megatron-DeepSpeed has only --swiglu for gated units; exported as SwiGLU
 #   - ring context parallel: Megatron-DeepSpeed splits sequences with DeepSpeed-Ulysses (all-to-all); exported as Ulysses
@@ -52,6 +53,7 @@ MDS_ARGS=(
     --micro-batch-size 1
     --global-batch-size 2048
     --bf16
+    --use-flash-attn-v2
     --deepspeed
     --deepspeed_config ${DS_CONFIG}
     --zero-stage 1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # meshplan export for Megatron-LM
 # model: grok-1-314b (64 layers); gpus: 1024xh100-sxm
-# plan: global_batch=2048, seq_len=8192, tp=4, sp=True, cp=2, pp=8, vpp=8, dp=16, zero=1, ep=8
+# plan: global_batch=2048, seq_len=8192, tp=4, sp=True, cp=2, pp=8, vpp=8, dp=16, zero=1, ep=8, framework=nemo
 # APPROXIMATE: Megatron-LM cannot express 1 part(s) of the plan:
 #   - GeGLU: pretrain_gpt.py has no flag for gelu with a gated linear unit (--quick-geglu is a different function); exported as --swiglu, which has the same shapes and FLOPs
 # launch on 1024 GPUs, adding tokenizer, data and optimizer arguments:

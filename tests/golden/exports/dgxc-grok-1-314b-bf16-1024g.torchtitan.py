@@ -1,7 +1,8 @@
+# APPROXIMATE: the plan was predicted for the nemo stack; torchtitan runs it as torchtitan (kernels, sharding and overlap differ): re-predict with --framework torchtitan
 """meshplan export: torchtitan >= 0.3 config registry."""
 # meshplan export for torchtitan
 # model: grok-1-314b (64 layers); gpus: 1024xh100-sxm
-# plan: global_batch=2048, seq_len=8192, tp=4, sp=True, cp=2, pp=8, vpp=8, dp=16, zero=1, ep=8
+# plan: global_batch=2048, seq_len=8192, tp=4, sp=True, cp=2, pp=8, vpp=8, dp=16, zero=1, ep=8, framework=nemo
 # APPROXIMATE: torchtitan cannot express 2 part(s) of the plan:
 #   - model grok-1-314b: torchtitan ships no flavor with 64 layers x 6144 (mixtral); the config names flavor 'grok-1-314b' of 'deepseek_v3', which you must register
 #   - ZeRO-1: torchtitan shards with FSDP2 only; exported as FSDP without resharding after forward (gradients are sharded too, as in ZeRO-2)
@@ -38,5 +39,5 @@ def meshplan_config():
         enable_sequence_parallel=True,
     )
     config.activation_checkpoint = None
-    config.compile = CompileConfig(enable=False)
+    config.compile = CompileConfig(enable=True)
     return config

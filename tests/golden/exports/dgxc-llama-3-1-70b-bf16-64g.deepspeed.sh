@@ -1,7 +1,8 @@
+# APPROXIMATE: the plan was predicted for the nemo stack; deepspeed runs it as megatron-deepspeed (kernels, sharding and overlap differ): re-predict with --framework megatron-deepspeed
 #!/usr/bin/env bash
 # meshplan export for DeepSpeed
 # model: llama3.1-70b (80 layers); gpus: 64xh100-sxm
-# plan: global_batch=128, seq_len=8192, tp=4, sp=True, cp=2, pp=4, vpp=5, dp=2, zero=1
+# plan: global_batch=128, seq_len=8192, tp=4, sp=True, cp=2, pp=4, vpp=5, dp=2, zero=1, framework=nemo
 # APPROXIMATE: DeepSpeed cannot express 2 part(s) of the plan:
 #   - ring context parallel: Megatron-DeepSpeed splits sequences with DeepSpeed-Ulysses (all-to-all); exported as Ulysses
 #   - schedule interleaved_1f1b with vpp=5: DeepSpeed's pipeline engine runs 1F1B on one stage per rank (or ZB-H1); exported as 1F1B
@@ -47,6 +48,7 @@ MDS_ARGS=(
     --micro-batch-size 1
     --global-batch-size 128
     --bf16
+    --use-flash-attn-v2
     --deepspeed
     --deepspeed_config ${DS_CONFIG}
     --zero-stage 1

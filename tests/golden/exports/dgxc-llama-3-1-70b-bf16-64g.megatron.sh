@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # meshplan export for Megatron-LM
 # model: llama3.1-70b (80 layers); gpus: 64xh100-sxm
-# plan: global_batch=128, seq_len=8192, tp=4, sp=True, cp=2, pp=4, vpp=5, dp=2, zero=1
+# plan: global_batch=128, seq_len=8192, tp=4, sp=True, cp=2, pp=4, vpp=5, dp=2, zero=1, framework=nemo
 # exact: Megatron-LM expresses every part of the plan
 # launch on 64 GPUs, adding tokenizer, data and optimizer arguments:
 #   torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE pretrain_gpt.py \

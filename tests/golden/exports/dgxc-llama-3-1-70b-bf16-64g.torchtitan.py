@@ -1,7 +1,8 @@
+# APPROXIMATE: the plan was predicted for the nemo stack; torchtitan runs it as torchtitan (kernels, sharding and overlap differ): re-predict with --framework torchtitan
 """meshplan export: torchtitan >= 0.3 config registry."""
 # meshplan export for torchtitan
 # model: llama3.1-70b (80 layers); gpus: 64xh100-sxm
-# plan: global_batch=128, seq_len=8192, tp=4, sp=True, cp=2, pp=4, vpp=5, dp=2, zero=1
+# plan: global_batch=128, seq_len=8192, tp=4, sp=True, cp=2, pp=4, vpp=5, dp=2, zero=1, framework=nemo
 # APPROXIMATE: torchtitan cannot express 1 part(s) of the plan:
 #   - ZeRO-1: torchtitan shards with FSDP2 only; exported as FSDP without resharding after forward (gradients are sharded too, as in ZeRO-2)
 # run: torchrun ... -m torchtitan.train --module THIS_MODULE --config meshplan_config
@@ -35,5 +36,5 @@ def meshplan_config():
         enable_sequence_parallel=True,
     )
     config.activation_checkpoint = None
-    config.compile = CompileConfig(enable=False)
+    config.compile = CompileConfig(enable=True)
     return config

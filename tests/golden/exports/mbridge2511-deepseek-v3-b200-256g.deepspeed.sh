@@ -1,9 +1,11 @@
+# APPROXIMATE: the plan was predicted for the megatron-bridge stack; deepspeed runs it as megatron-deepspeed (kernels, sharding and overlap differ): re-predict with --framework megatron-deepspeed
 #!/usr/bin/env bash
 # meshplan export for DeepSpeed
 # model: deepseek-v3 (61 layers); gpus: 256xb200
-# plan: global_batch=2048, seq_len=4096, pp=16, dp=16, zero=1, ep=8, precision=fp8
-# APPROXIMATE: DeepSpeed cannot express 4 part(s) of the plan:
+# plan: global_batch=2048, seq_len=4096, pp=16, dp=16, zero=1, ep=8, precision=fp8, framework=megatron-bridge
+# APPROXIMATE: DeepSpeed cannot express 5 part(s) of the plan:
 #   - fp8: DeepSpeed's config has no FP8 training; exported as bf16
+#   - optimizer_dtype=bf16: DeepSpeed's FusedAdam keeps fp32 moments; exported as fp32
 #   - multi-latent attention: Megatron-DeepSpeed has no MLA; exported as multi-head attention
 #   - MoE with shared experts or leading dense layers: Megatron-DeepSpeed places experts every --expert-interval layers without shared experts; exported with experts in every layer
 #   - uneven pipeline split: DeepSpeed's PipelineModule balances layers itself; exported as even
@@ -26,6 +28,9 @@ cat > "$DS_CONFIG" <<'JSON'
     "overlap_comm": true,
     "contiguous_gradients": true,
     "reduce_scatter": true
+  },
+  "data_types": {
+    "grad_accum_dtype": "bf16"
   }
 }
 JSON
@@ -50,6 +55,7 @@ MDS_ARGS=(
     --micro-batch-size 1
     --global-batch-size 2048
     --bf16
+    --use-flash-attn-v2
     --deepspeed
     --deepspeed_config ${DS_CONFIG}
     --zero-stage 1

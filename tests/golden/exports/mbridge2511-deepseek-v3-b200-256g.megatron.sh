@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # meshplan export for Megatron-LM
 # model: deepseek-v3 (61 layers); gpus: 256xb200
-# plan: global_batch=2048, seq_len=4096, pp=16, dp=16, zero=1, ep=8, precision=fp8
+# plan: global_batch=2048, seq_len=4096, pp=16, dp=16, zero=1, ep=8, precision=fp8, framework=megatron-bridge
 # exact: Megatron-LM expresses every part of the plan
 # launch on 256 GPUs, adding tokenizer, data and optimizer arguments:
 #   torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE pretrain_gpt.py \
@@ -42,6 +42,10 @@ MEGATRON_ARGS=(
     --use-distributed-optimizer
     --overlap-grad-reduce
     --overlap-param-gather
+    --use-precision-aware-optimizer
+    --main-grads-dtype bf16
+    --exp-avg-dtype bf16
+    --exp-avg-sq-dtype bf16
     --bf16
     --fp8-format hybrid
 )

@@ -1,9 +1,11 @@
+# APPROXIMATE: the plan was predicted for the megatron-bridge stack; torchtitan runs it as torchtitan (kernels, sharding and overlap differ): re-predict with --framework torchtitan
 """meshplan export: torchtitan >= 0.3 config registry."""
 # meshplan export for torchtitan
 # model: deepseek-v3 (61 layers); gpus: 256xb200
-# plan: global_batch=2048, seq_len=4096, pp=16, dp=16, zero=1, ep=8, precision=fp8
-# APPROXIMATE: torchtitan cannot express 1 part(s) of the plan:
+# plan: global_batch=2048, seq_len=4096, pp=16, dp=16, zero=1, ep=8, precision=fp8, framework=megatron-bridge
+# APPROXIMATE: torchtitan cannot express 2 part(s) of the plan:
 #   - ZeRO-1: torchtitan shards with FSDP2 only; exported as FSDP without resharding after forward (gradients are sharded too, as in ZeRO-2)
+#   - grad_dtype=bf16, optimizer_dtype=bf16: torchtitan reduces gradients and keeps AdamW states in fp32; exported as fp32
 # run: torchrun ... -m torchtitan.train --module THIS_MODULE --config meshplan_config
 
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig

@@ -1,8 +1,10 @@
+# APPROXIMATE: the plan was predicted for the torchtitan stack; deepspeed runs it as megatron-deepspeed (kernels, sharding and overlap differ): re-predict with --framework megatron-deepspeed
 #!/usr/bin/env bash
 # meshplan export for DeepSpeed
 # model: llama3-8b (32 layers); gpus: 128xh100-hbm2e-96gb
-# plan: global_batch=256, seq_len=8192, micro_batch=2, dp=128, zero=3, recompute=selective
-# exact: DeepSpeed expresses every part of the plan
+# plan: global_batch=256, seq_len=8192, micro_batch=2, dp=128, zero=3, recompute=selective, framework=torchtitan
+# APPROXIMATE: DeepSpeed cannot express 1 part(s) of the plan:
+#   - selective recompute, policy op: Megatron-DeepSpeed recomputes only the attention core; exported as that
 # source this file, then: deepspeed --num_nodes $NNODES --num_gpus $GPUS_PER_NODE \
 #     pretrain_gpt.py "${MDS_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ...
 DS_CONFIG="${DS_CONFIG:-ds_config.json}"
@@ -50,6 +52,7 @@ MDS_ARGS=(
     --global-batch-size 256
     --bf16
     --recompute-granularity selective
+    --use-flash-attn-v2
     --deepspeed
     --deepspeed_config ${DS_CONFIG}
     --zero-stage 3

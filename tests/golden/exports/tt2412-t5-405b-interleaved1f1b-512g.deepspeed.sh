@@ -1,12 +1,14 @@
+# APPROXIMATE: the plan was predicted for the torchtitan-compiled stack; deepspeed runs it as megatron-deepspeed (kernels, sharding and overlap differ): re-predict with --framework megatron-deepspeed
 #!/usr/bin/env bash
 # meshplan export for DeepSpeed
 # model: llama3.1-405b (126 layers); gpus: 512xh100-hbm2e-96gb
-# plan: global_batch=256, seq_len=8192, tp=8, sp=True, pp=8, vpp=2, schedule=interleaved_1f1b, dp=8, zero=3, recompute=full, precision=fp8
-# APPROXIMATE: DeepSpeed cannot express 4 part(s) of the plan:
+# plan: global_batch=256, seq_len=8192, tp=8, sp=True, pp=8, vpp=2, schedule=interleaved_1f1b, dp=8, zero=3, recompute=full, precision=fp8, framework=torchtitan-compiled
+# APPROXIMATE: DeepSpeed cannot express 5 part(s) of the plan:
 #   - fp8: DeepSpeed's config has no FP8 training; exported as bf16
 #   - uneven pipeline split: DeepSpeed's PipelineModule balances layers itself; exported as even
 #   - schedule interleaved_1f1b with vpp=2: DeepSpeed's pipeline engine runs 1F1B on one stage per rank (or ZB-H1); exported as 1F1B
 #   - ZeRO-3 with pipeline parallelism: DeepSpeed's pipeline engine supports ZeRO-1 only
+#   - TP communication overlap: Megatron-DeepSpeed has no userbuffers overlap; exported without it
 # source this file, then: deepspeed --num_nodes $NNODES --num_gpus $GPUS_PER_NODE \
 #     pretrain_gpt.py "${MDS_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ...
 DS_CONFIG="${DS_CONFIG:-ds_config.json}"
@@ -55,6 +57,7 @@ MDS_ARGS=(
     --bf16
     --checkpoint-activations
     --deepspeed-activation-checkpointing
+    --use-flash-attn-v2
     --deepspeed
     --deepspeed_config ${DS_CONFIG}
     --zero-stage 3

@@ -1,7 +1,8 @@
+# APPROXIMATE: the plan was predicted for the torchtitan-compiled stack; megatron runs it as megatron-core (kernels, sharding and overlap differ): re-predict with --framework megatron-core
 #!/usr/bin/env bash
 # meshplan export for Megatron-LM
 # model: llama3.1-405b (126 layers); gpus: 512xh100-hbm2e-96gb
-# plan: global_batch=256, seq_len=8192, tp=8, sp=True, pp=8, vpp=2, schedule=interleaved_1f1b, dp=8, zero=3, recompute=full, precision=fp8
+# plan: global_batch=256, seq_len=8192, tp=8, sp=True, pp=8, vpp=2, schedule=interleaved_1f1b, dp=8, zero=3, recompute=full, precision=fp8, framework=torchtitan-compiled
 # exact: Megatron-LM expresses every part of the plan
 # launch on 512 GPUs, adding tokenizer, data and optimizer arguments:
 #   torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE pretrain_gpt.py \
@@ -24,6 +25,7 @@ MEGATRON_ARGS=(
     --tensor-model-parallel-size 8
     --pipeline-model-parallel-size 8
     --sequence-parallel
+    --tp-comm-overlap
     --pipeline-model-parallel-layout 'Et*7|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*7L'
     --micro-batch-size 1
     --global-batch-size 256

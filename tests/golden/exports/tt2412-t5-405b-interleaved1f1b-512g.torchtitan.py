@@ -1,7 +1,7 @@
 """meshplan export: torchtitan >= 0.3 config registry."""
 # meshplan export for torchtitan
 # model: llama3.1-405b (126 layers); gpus: 512xh100-hbm2e-96gb
-# plan: global_batch=256, seq_len=8192, tp=8, sp=True, pp=8, vpp=2, schedule=interleaved_1f1b, dp=8, zero=3, recompute=full, precision=fp8
+# plan: global_batch=256, seq_len=8192, tp=8, sp=True, pp=8, vpp=2, schedule=interleaved_1f1b, dp=8, zero=3, recompute=full, precision=fp8, framework=torchtitan-compiled
 # exact: torchtitan expresses every part of the plan
 # run: torchrun ... -m torchtitan.train --module THIS_MODULE --config meshplan_config
 
@@ -37,5 +37,5 @@ def meshplan_config():
         enable_sequence_parallel=True,
     )
     config.activation_checkpoint = FullAC.Config()
-    config.compile = CompileConfig(enable=True)
+    config.compile = CompileConfig(enable=True, enable_async_tensor_parallel=True)
     return config

@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections import deque
 
 from meshplan.errors import SpecError
-from meshplan.sim.actions import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, FULL_BACKWARD, Action
+from meshplan.sim.actions import (
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    FULL_BACKWARD,
+    Action,
+)
 from meshplan.sim.schedule import Schedule, v_placement
 
 
@@ -84,3 +90,6 @@ def dualpipev(*, pp: int, vpp: int, n_micro: int) -> Schedule:
     rows = tuple(dualpipev_row(rank=r, pp=pp, n_micro=n_micro) for r in range(pp))
     return Schedule(name="dualpipev", pp=pp, n_stages=2 * pp, n_micro=n_micro,
                     placement=v_placement(pp=pp, n_stages=2 * pp), actions=rows)
+
+
+GENERATORS = {"dualpipev": dualpipev}

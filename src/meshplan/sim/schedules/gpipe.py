@@ -16,5 +16,9 @@ def gpipe(*, pp: int, vpp: int, n_micro: int) -> Schedule:
         row = [Action(FORWARD, s, mb) for s in stages for mb in range(n_micro)]
         row += [Action(FULL_BACKWARD, s, mb) for s in reversed(stages) for mb in range(n_micro)]
         rows.append(tuple(row))
-    return Schedule(name="gpipe", pp=pp, n_stages=pp * vpp, n_micro=n_micro,
+    return Schedule(name="gpipe" if vpp == 1 else "looped_bfs", pp=pp, n_stages=pp * vpp, n_micro=n_micro,
                     placement=loop_placement(pp=pp, n_stages=pp * vpp), actions=tuple(rows))
+
+
+GENERATORS = {"gpipe": gpipe, "looped_bfs": gpipe}
+"""GPipe on one chunk per rank; on several it is torch's LoopedBFS."""

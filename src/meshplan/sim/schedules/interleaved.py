@@ -51,3 +51,6 @@ def interleaved_1f1b(*, pp: int, vpp: int, n_micro: int) -> Schedule:
                  for r in range(pp))
     return Schedule(name="interleaved_1f1b", pp=pp, n_stages=pp * vpp, n_micro=n_micro,
                     placement=loop_placement(pp=pp, n_stages=pp * vpp), actions=rows)
+
+
+GENERATORS = {"interleaved_1f1b": interleaved_1f1b}

@@ -26,3 +26,6 @@ def one_f_one_b(*, pp: int, vpp: int, n_micro: int) -> Schedule:
     rows = tuple(one_f_one_b_row(rank=r, pp=pp, n_micro=n_micro, stage=r) for r in range(pp))
     return Schedule(name="1f1b", pp=pp, n_stages=pp, n_micro=n_micro,
                     placement=loop_placement(pp=pp, n_stages=pp), actions=rows)
+
+
+GENERATORS = {"1f1b": one_f_one_b}

@@ -81,3 +81,6 @@ def zbv(*, pp: int, vpp: int, n_micro: int) -> Schedule:
                  for r in range(pp))
     return Schedule(name="zbv", pp=pp, n_stages=2 * pp, n_micro=n_micro,
                     placement=v_placement(pp=pp, n_stages=2 * pp), actions=rows)
+
+
+GENERATORS = {"zb_h1": zb_h1, "zbv": zbv}

@@ -1,0 +1,155 @@
+"""The software-stack spec: what a training framework does that the parallel layout does not say.
+
+A ``Plan`` says *how* a model is laid out (degrees, schedule, recompute mode); a ``FrameworkProfile`` says *with
+what software* it runs: whether elementwise ops are fused, which attention kernel, how ZeRO/FSDP is implemented
+and what it overlaps, the selective-recompute policy, the optimizer's kernels and precision. Presets are catalog
+files (``catalog/frameworks/*.toml``), each field citing the public source it comes from; ``meshplan`` is this
+project's own runtime, which ``meshplan run`` is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from meshplan.errors import SpecError
+
+KERNEL_LIBRARIES = ("nvidia", "pytorch")
+SHARDINGS = ("none", "megatron_dist_opt", "fsdp2", "fsdp1", "deepspeed_zero")
+ZERO_GATHERS = ("unit", "param")
+SELECTIVE_POLICIES = ("attention", "op", "mla_up_proj")
+STATE_DTYPES = ("fp32", "bf16")
+MICRO_BATCH_DEFAULTS = ("one", "pp_stages")
+RECOMPUTE_MODES = ("none", "selective", "full")
+CP_KINDS = ("ring", "a2a")
+
+BEHAVIOUR_FIELDS = ("kernel_library", "fused_kernels", "eager_dtensor", "flash_attention", "sharding", "zero_gather",
+                    "overlap_grad_reduce", "overlap_param_gather", "accumulate_unsharded_grads", "tp_comm_overlap",
+                    "tp_comm_overlap_supported", "selective_policy", "fused_optimizer", "grad_dtype",
+                    "optimizer_dtype", "default_micro_batch")
+CAPABILITY_FIELDS = ("tensor_parallel", "context_parallel", "expert_parallel", "schedules", "max_zero_with_pp",
+                     "recompute_modes")
+"""What layouts the stack can run at all: the search stays inside them and a plan outside them is refused."""
+"""The fields that change a prediction (a recipe or a CLI flag may override them); the rest describe the preset."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrameworkProfile:
+    """A training stack's behaviour, as its public code and documentation show it."""
+
+    name: str
+    """Preset name (``megatron-core``, ``torchtitan``, ``meshplan``...); a plan names its stack by it."""
+    stacks: tuple[str, ...] = ()
+    """Names of the stack as sources give them (the validation CSV's ``framework`` column) that this preset
+    describes."""
+    versions: tuple[str, ...] = ()
+    """Version prefixes (``framework_version``) this preset describes; empty = the stack's default preset."""
+    default: bool = False
+    """The preset for its ``stacks`` when no version matches."""
+    summary: str = ""
+    """One line: which stack, which era."""
+    kernel_library: str = "nvidia"
+    """Whose kernels run GEMMs and attention: ``nvidia`` (Megatron, Transformer Engine and apex fused kernels,
+    cuDNN attention) or ``pytorch`` (ATen and torch's scaled_dot_product_attention, eager or compiled); the
+    calibration may hold constants per library where the fitted runs show them."""
+    fused_kernels: bool = True
+    """Elementwise ops (norms, activation, RoPE, residuals) run fused (Megatron/TE kernels or torch.compile);
+    False = eager PyTorch, op by op."""
+    eager_dtensor: bool = False
+    """The model runs as eager PyTorch modules with DTensor tensor parallelism, FSDP2 and torch's loss: autograd
+    keeps what eager PyTorch keeps (repeated kv heads, SiLU outputs, fp32 RoPE tables, the all-gathered input of
+    a ColwiseParallel linear, a replicated embedding gradient, unfused cross-entropy temporaries)."""
+    flash_attention: bool = True
+    """Attention runs as one fused flash kernel (Dao et al. 2022); False = separate QK^T, softmax and AV kernels
+    that materialize the score matrix."""
+    sharding: str = "megatron_dist_opt"
+    """How ZeRO is implemented: ``none`` (plain data parallelism only), ``megatron_dist_opt`` (Megatron's
+    distributed optimizer, persistent gradient buffers), ``fsdp2`` (torch ``fully_shard`` at every ZeRO level,
+    gradients freed between steps), ``fsdp1`` (torch ``FullyShardedDataParallel`` with flat parameters) or
+    ``deepspeed_zero``."""
+    zero_gather: str = "unit"
+    """How ZeRO-3 moves parameters: ``unit`` (one all-gather and one reduce-scatter per layer: FSDP units,
+    Megatron buckets, DeepSpeed's coalesced gathers) or ``param`` (one per parameter tensor, each paying the
+    collective's latency: DeepSpeed ZeRO-3 as released in 2021)."""
+    overlap_grad_reduce: bool = True
+    """The gradient reduction overlaps the backward pass."""
+    overlap_param_gather: bool = True
+    """ZeRO/FSDP parameter all-gathers overlap compute (prefetch)."""
+    accumulate_unsharded_grads: bool = False
+    """Gradient sync is skipped over accumulation micro-batches until the last one (Megatron's ``no_sync_func``,
+    FSDP2's ``set_requires_gradient_sync(False)``), so unsharded gradients accumulate; False = reduce-scattered
+    every micro-batch. The memory model applies it under FSDP2 sharding, whose ZeRO-3 gradients then stay unsharded
+    until the last micro-batch."""
+    tp_comm_overlap: bool = False
+    """TP collectives overlap GEMMs (Megatron/TE userbuffers ``--tp-comm-overlap``, torch async-TP)."""
+    tp_comm_overlap_supported: bool = False
+    """The stack can overlap TP communication at all (a plan may switch it on)."""
+    selective_policy: str = "attention"
+    """What ``recompute = "selective"`` recomputes: ``attention`` (Megatron: the attention core), ``op``
+    (torchtitan's per-op policy: every other matmul and all elementwise ops; attention outputs kept) or
+    ``mla_up_proj`` (Megatron ``recompute_modules=["mla_up_proj"]``: MLA's up-projections and RoPE)."""
+    fused_optimizer: bool = True
+    """The optimizer step runs as multi-tensor kernels (apex/TE FusedAdam, torch AdamW ``foreach``/``fused``);
+    False = torch's per-tensor loop, a dozen launches per parameter tensor."""
+    grad_dtype: str = "fp32"
+    """Gradient buffers, accumulated over micro-batches and reduced: ``fp32`` (Megatron's main_grad, FSDP2's
+    reduce dtype) or ``bf16`` (Megatron ``--main-grads-dtype bf16``); fp16 training always keeps 16-bit
+    gradients."""
+    optimizer_dtype: str = "fp32"
+    """Adam's two moments: ``fp32``, or ``bf16`` (Megatron's precision-aware optimizer). Master weights stay
+    fp32."""
+    default_micro_batch: str = "one"
+    """Micro-batch size when a recipe does not say: ``one`` (Megatron: micro-batch 1) or ``pp_stages`` (as many
+    micro-batches as pipeline stages, torchtitan's ``pipeline_parallel_microbatches`` default)."""
+    tensor_parallel: bool = True
+    """The stack has tensor (and sequence) parallelism."""
+    context_parallel: tuple[str, ...] = CP_KINDS
+    """Context-parallel kinds it runs (``ring``, ``a2a``); empty = none."""
+    expert_parallel: bool = True
+    """It shards experts over an expert-parallel group."""
+    schedules: tuple[str, ...] = ("1f1b", "interleaved_1f1b")
+    """Pipeline schedules (registry names) it runs; empty = no pipeline parallelism."""
+    max_zero_with_pp: int = 3
+    """Highest ZeRO stage it combines with pipeline parallelism (DeepSpeed's pipeline engine: 1)."""
+    recompute_modes: tuple[str, ...] = RECOMPUTE_MODES
+    """Recompute modes it offers (``none``, ``selective``, ``full``)."""
+    sources: dict = field(default_factory=dict, compare=False, hash=False)
+    """Field name -> the public source of its value (file and version)."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise SpecError("framework.name", self.name, "must be a non-empty name")
+        for name, opts in (("kernel_library", KERNEL_LIBRARIES), ("sharding", SHARDINGS),
+                           ("zero_gather", ZERO_GATHERS), ("selective_policy", SELECTIVE_POLICIES),
+                           ("grad_dtype", STATE_DTYPES), ("optimizer_dtype", STATE_DTYPES),
+                           ("default_micro_batch", MICRO_BATCH_DEFAULTS)):
+            if getattr(self, name) not in opts:
+                raise SpecError(f"framework.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
+        for name in ("fused_kernels", "eager_dtensor", "flash_attention", "overlap_grad_reduce",
+                     "overlap_param_gather", "accumulate_unsharded_grads", "tp_comm_overlap",
+                     "tp_comm_overlap_supported", "fused_optimizer"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(f"framework.{name}", getattr(self, name), "must be true or false")
+        for name, opts in (("context_parallel", CP_KINDS), ("recompute_modes", RECOMPUTE_MODES)):
+            bad = [v for v in getattr(self, name) if v not in opts]
+            if bad:
+                raise SpecError(f"framework.{name}", bad, f"entries must be among {', '.join(opts)}")
+        if self.max_zero_with_pp not in (0, 1, 2, 3):
+            raise SpecError("framework.max_zero_with_pp", self.max_zero_with_pp, "must be 0, 1, 2 or 3")
+        if self.tp_comm_overlap and not self.tp_comm_overlap_supported:
+            raise SpecError("framework.tp_comm_overlap", True,
+                            f"{self.name} cannot overlap TP communication (tp_comm_overlap_supported = false)")
+
+    def with_(self, **changes) -> "FrameworkProfile":
+        """A copy with some behaviour changed (a recipe's or a flag's), validated again; the name stays."""
+        bad = sorted(set(changes) - set(BEHAVIOUR_FIELDS))
+        if bad:
+            raise SpecError("framework", bad, f"can set only {', '.join(BEHAVIOUR_FIELDS)}")
+        return replace(self, **changes)
+
+    def changes_from(self, base: "FrameworkProfile") -> dict:
+        """Behaviour fields whose value differs from ``base`` (what a plan file records beside the name)."""
+        return {f: getattr(self, f) for f in BEHAVIOUR_FIELDS if getattr(self, f) != getattr(base, f)}
+
+    def behaviour(self) -> dict:
+        """Every behaviour field and its value."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in BEHAVIOUR_FIELDS}
