@@ -1,0 +1,120 @@
+"""Software-stack profiles and recipes: presets that cite their sources, resolution from the validation columns,
+what a stack cannot run, and one prediction for what meshplan's runtime runs whichever command asks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from meshplan import catalog
+from meshplan.errors import SpecError
+from meshplan.spec.checks import stack_violations
+from meshplan.spec.framework import BEHAVIOUR_FIELDS, CAPABILITY_FIELDS
+from meshplan.spec.plan import Plan
+from meshplan.spec.recipe import Recipe
+
+NAMES = catalog.framework_names()
+
+
+def test_the_issue_lists_every_preset():
+    assert set(NAMES) >= {"megatron-lm-2021", "megatron-lm-2022", "megatron-core", "nemo", "megatron-bridge",
+                          "deepspeed-2021", "megatron-deepspeed", "torchtitan", "torchtitan-compiled", "llm-foundry",
+                          "fms-fsdp", "meshplan"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_field_of_every_preset_cites_a_source(name):
+    profile = catalog.framework(name)
+    assert profile.name == name and profile.summary
+    missing = [f for f in BEHAVIOUR_FIELDS + CAPABILITY_FIELDS if not profile.sources.get(f)]
+    assert not missing, missing
+
+
+def test_plan_holds_no_stack_behaviour():
+    assert not {f.name for f in dataclasses.fields(Plan)} & set(BEHAVIOUR_FIELDS)
+    assert Plan(global_batch=8, seq_len=8).framework == "megatron-core"
+
+
+@pytest.mark.parametrize("stack,version,want", [
+    ("megatron-lm", "2021", "megatron-lm-2021"), ("megatron-lm", "2022", "megatron-lm-2022"),
+    ("megatron-lm", "2024", "megatron-core"), ("megatron-core", "0.8.0", "megatron-core"), ("nemo", "24.07", "nemo"),
+    ("megatron-bridge", "25.11", "megatron-bridge"), ("deepspeed", "2021", "deepspeed-2021"),
+    ("deepspeed", "0.16", "megatron-deepspeed"), ("torchtitan", "2024-12", "torchtitan"),
+    ("llm-foundry", "", "llm-foundry"), ("fms-fsdp", "", "fms-fsdp"), ("meta-internal", "", "megatron-core"),
+])
+def test_profile_from_the_framework_columns(stack, version, want):
+    profile, note = catalog.framework_for(stack, version)
+    assert profile.name == want
+    assert ("no profile" in note) == (stack == "meta-internal")
+
+
+def test_settings_change_behaviour_not_capabilities():
+    mc = catalog.framework("megatron-core")
+    half = mc.with_(grad_dtype="bf16", optimizer_dtype="bf16")
+    assert half.changes_from(mc) == {"grad_dtype": "bf16", "optimizer_dtype": "bf16"}
+    with pytest.raises(SpecError, match="can set only"):
+        mc.with_(schedules=("zbv",))
+    with pytest.raises(SpecError, match="cannot overlap TP communication"):
+        catalog.framework("megatron-deepspeed").with_(tp_comm_overlap=True)
+    with pytest.raises(SpecError, match="did you mean: megatron-core"):
+        catalog.framework("megatron-cor")
+
+
+def test_what_a_stack_cannot_run_is_said():
+    assert stack_violations(Plan(global_batch=16, seq_len=1024, pp=2, vpp=2, dp=4, schedule="zbv"),
+                            catalog.framework("megatron-core")) == [
+        "schedule zbv: megatron-core runs the pipeline schedules 1f1b, interleaved_1f1b"]
+    assert stack_violations(Plan(global_batch=16, seq_len=1024, tp=2, dp=4), catalog.framework("llm-foundry")) == [
+        "tp=2: llm-foundry has no tensor parallelism (use tp=1 or another framework)"]
+    assert "ZeRO stage <= 1" in stack_violations(Plan(global_batch=16, seq_len=1024, pp=2, dp=4, zero=2),
+                                                 catalog.framework("megatron-deepspeed"))[0]
+    assert stack_violations(Plan(global_batch=16, seq_len=1024, dp=8, zero=1),
+                            catalog.framework("megatron-lm-2021")) == [
+        "zero=1: megatron-lm-2021 has no ZeRO/FSDP sharding (use zero=0)"]
+
+
+def test_the_search_stays_inside_the_stack():
+    from meshplan.search import SearchRequest, search
+
+    model, cluster = catalog.model("llama3-8b"), catalog.cluster("16xh100-sxm")
+    res = search(model, cluster, SearchRequest(global_batch=64, seq_len=4096, framework=catalog.framework("fms-fsdp"),
+                                               simulate=False, top=3))
+    assert res.plans and all(rp.plan.tp == rp.plan.pp == 1 and rp.plan.framework == "fms-fsdp" for rp in res.plans)
+    assert all(rp.plan.recompute in ("none", "full") for rp in res.plans)
+
+
+def test_meshplan_plan_and_check_predict_the_same_step():
+    # `meshplan plan --framework meshplan` on the local CPUs and `meshplan check`'s prediction of that same plan,
+    # under the runtime's profile, are one estimate.
+    from meshplan.calibrate.agreement import CheckSpace
+    from meshplan.cli.check import predict_all
+    from meshplan.search import SearchRequest, search
+
+    res = search(catalog.model("tiny-llama"), catalog.cluster("2xcpu"),
+                 SearchRequest(global_batch=8, seq_len=64, precision="fp32", framework=catalog.framework("meshplan"),
+                               top=1))
+    win = res.best
+    (t, _), = predict_all("tiny-llama", "cpu", [win.plan], 2, CheckSpace(world=2, global_batch=8, seq_len=64).stack)
+    assert win.plan.framework == "meshplan" and t == pytest.approx(win.estimate.step_time, rel=1e-12)
+
+
+def test_recipes_are_data_with_sources():
+    recipes = catalog.recipes()
+    assert recipes and all(r.source and r.sets for r in recipes)
+    with pytest.raises(SpecError, match="did you mean: framework"):
+        Recipe(name="bad", source="x", match={"frameworks": "nemo"}, sets={"grad_dtype": "bf16"})
+    with pytest.raises(SpecError, match="must be one of ceil_rest_last"):
+        Recipe(name="bad", source="x", match={}, sets={"layer_split": "zigzag"})
+
+
+def test_recipe_matching_reads_columns_and_the_sources_own_notes():
+    r = next(x for x in catalog.recipes() if x.name == "megatron-bridge-deepseek-v3-b200-recompute")
+    facts = {"stack": "megatron-bridge", "framework": "megatron-bridge", "framework_version": "25.11", "source": "",
+             "model": "deepseekv3", "gpu": "b200", "pp": 16, "vpp": 1, "ep": 8, "precision": "fp8", "recompute": "",
+             "text": ""}
+    assert r.matches(facts)
+    assert not r.matches({**facts, "recompute": "full"})  # the run's own recompute column wins
+    compile_recipe = next(x for x in catalog.recipes() if x.name == "torchtitan-compile")
+    assert compile_recipe.matches({**facts, "stack": "torchtitan", "text": "tt-8b-compile-8g"})
+    assert not compile_recipe.matches({**facts, "stack": "torchtitan", "text": "tt-8b-8g"})
