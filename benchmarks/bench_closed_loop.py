@@ -34,13 +34,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from meshplan import catalog
+    from meshplan.calibrate.agreement import CheckSpace
     from meshplan.cli.check import STATS, measure_all, predict
-    from meshplan.runtime.closed_loop import (
-        CheckSpace,
-        covering,
-        enumerate_plans,
-        plan_label,
-    )
+    from meshplan.runtime.closed_loop import covering, enumerate_plans, plan_label
 
     with tempfile.TemporaryDirectory(prefix="bench-closed-loop-") as tmp:
         hw = args.hardware

@@ -10,16 +10,8 @@ import sys
 import pytest
 
 from meshplan import catalog
-from meshplan.runtime.closed_loop import (
-    CheckSpace,
-    covering,
-    enumerate_plans,
-    kendall_tau,
-    mape_pct,
-    plan_label,
-    ranks,
-    regret_pct,
-)
+from meshplan.calibrate.agreement import CheckSpace, kendall_tau, mape_pct, ranks, regret_pct
+from meshplan.runtime.closed_loop import covering, enumerate_plans, plan_label
 
 pytest.importorskip("torch")
 

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from meshplan import catalog
 from meshplan.cost.estimate import estimate
-from meshplan.search import SearchRequest, search
+from meshplan.search import SearchRequest, prune, search
 from meshplan.search.bounds import layer_table, memory_lower_bound, static_lower_bound
-from meshplan.search.driver import _Run
 from meshplan.search.space import degree_tuples, groups, leaf_plan
+from meshplan.search.state import CostCache, SearchSpace
 
 CASES = {"dense": ("llama2-7b", "16xa100-80gb", 64, 2048), "moe": ("tiny-moe", "16xh100-sxm", 64, 1024),
          "fine-moe": ("qwen3-30b-a3b", "16xh100-sxm", 32, 2048)}
@@ -32,12 +32,13 @@ def _leaves(case: str, precision: str, grad: str, opt: str, stack: str = "megatr
     profile = catalog.framework(stack).with_(grad_dtype=grad, optimizer_dtype=opt)
     req = SearchRequest(global_batch=gb, seq_len=seq, precision=precision, framework=profile, exhaustive=True,
                         max_micro_batch=4)
-    run = _Run(model, cluster, req, None)
+    space = SearchSpace.of(model, cluster, req)
+    cache = CostCache(space=space)
     out = []
     for deg in degree_tuples(model, cluster, req, Counter()):
         for g in groups(model, deg, req, node=8, pruned=Counter()):
             out.append((g, [leaf_plan(g.base._replace(schedule=s, vpp=v), req) for s, v in g.pipelines]))
-    return model, cluster, req, run, out
+    return model, cluster, req, (space, cache), out
 
 
 def _fits(est, cap: float) -> bool:
@@ -52,15 +53,16 @@ def _fits(est, cap: float) -> bool:
 def test_bounds_never_exceed_the_estimate(case, stack, precision, grad, opt, pick, leaf_pick, recompute):
     assume(precision != "fp8" or "a100" not in CASES[case][1])   # no fp8 tensor cores on Ampere
     assume(recompute in catalog.framework(stack).recompute_modes)
-    model, cluster, req, run, leaves = _leaves(case, precision, grad, opt, stack)
+    model, cluster, req, (space, cache), leaves = _leaves(case, precision, grad, opt, stack)
     assume(leaves)
     group, plans = leaves[pick % len(leaves)]
     plan = plans[leaf_pick % len(plans)]
     cap = CAP * cluster.pools[0].gpu.hbm_bytes
     # A fitting estimate under any recompute mode is what the ladder may accept: no bound may exceed it.
-    group_lb = run.group_bound(0, leaf_plan(group.base._replace(schedule="1f1b" if plan.pp > 1 else ""), req),
-                               cap, group.pipelines)
-    leaf_lb = run.leaf_bound(0, plan, cap)
+    var = space.variants[0]
+    group_plan = leaf_plan(group.base._replace(schedule="1f1b" if plan.pp > 1 else ""), req)
+    group_lb, _ = prune.group_bound(space, cache, var, group_plan, cap, group.pipelines)
+    leaf_lb = prune.leaf_bound(space, cache, var, plan, cap)
     table = layer_table(model, cluster.pools[0], plan, stack=req.framework)
     est = estimate(model, cluster, plan.with_(recompute=recompute), stack=req.framework)
     assert static_lower_bound(table, plan) <= est.peak_memory * (1 + 1e-9)

@@ -26,6 +26,17 @@ BASE = ["estimate", "--model", "llama3-8b", "--gpus", "8xh100-sxm", "--global-ba
     (["estimate", "--model", "/nonexistent/config.json", "--gpus", "8xh100-sxm", "--global-batch", "8",
       "--seq-len", "8"], "no such file"),
     (["validate", "/nonexistent.csv"], "no such file"),
+    (BASE + ["--framework", "megatron-cor"], "did you mean: megatron-core"),
+    (BASE + ["--framework", "megatron-deepspeed", "--tp", "2", "--tp-comm-overlap"],
+     "megatron-deepspeed cannot overlap TP communication"),
+    (BASE + ["--grad-dtype", "fp16"], "framework.grad_dtype = 'fp16': must be one of fp32, bf16"),
+    (BASE + ["--framework", "fms-fsdp", "--tp", "2"], "fms-fsdp has no tensor parallelism"),
+    (BASE + ["--pp", "2", "--vpp", "2", "--schedule", "zbv"], "megatron-core runs the pipeline schedules 1f1b"),
+    (BASE + ["--pp", "2", "--schedule", "zbvv"], "unknown schedule"),
+    (["plan", "--model", "llama3-8b", "--gpus", "8xh100-sxm", "--global-batch", "16", "--seq-len", "4096",
+      "--framework", "torchtitn"], "did you mean: torchtitan"),
+    (["plan", "--model", "llama3-8b", "--gpus", "8xh100-sxm", "--global-batch", "16", "--seq-len", "4096",
+      "--framework", "torchtitan", "--tp-comm-overlap"], "torchtitan cannot overlap TP communication"),
 ])
 def test_bad_input_one_line(argv, needle, capsys):
     assert main(argv) == 2

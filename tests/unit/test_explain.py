@@ -11,7 +11,8 @@ from test_report import PLAN, small_report
 from typer.testing import CliRunner
 
 from meshplan.report import render_text
-from meshplan.report.analysis import GIB, comparisons, layout_text
+from meshplan.report.analysis import GIB, comparisons
+from meshplan.report.layout import layout_text
 from meshplan.report.text import ascii_timeline
 from meshplan.sim import simulate
 from meshplan.spec.io import plan_file_text

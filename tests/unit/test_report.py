@@ -17,8 +17,9 @@ from meshplan import catalog
 from meshplan.cost.estimate import estimate
 from meshplan.errors import MeshplanError
 from meshplan.report import build_report, evaluate_variants, pareto_front, plan_variants
-from meshplan.report.analysis import GIB, compare, layout_text, limiters, time_shares
+from meshplan.report.analysis import GIB, compare, limiters, time_shares
 from meshplan.report.gantt import gantt_data
+from meshplan.report.layout import layout_text
 from meshplan.sim import simulate
 from meshplan.spec.plan import Plan
 

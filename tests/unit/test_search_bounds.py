@@ -6,6 +6,7 @@ import pytest
 
 from meshplan import catalog
 from meshplan.cost.estimate import estimate
+from meshplan.search import prune
 from meshplan.search.bounds import (
     layer_table,
     memory_lower_bound,
@@ -15,9 +16,10 @@ from meshplan.search.bounds import (
     static_lower_bound,
     time_lower_bound,
 )
-from meshplan.search.driver import _Run
+from meshplan.search.evaluate import split
 from meshplan.search.request import SearchRequest
 from meshplan.search.space import Degrees, Leaf, leaf_plan
+from meshplan.search.state import CostCache, SearchSpace
 
 # Megatron-style physics with every registered schedule allowed, so each bound meets each schedule.
 ANY_SCHEDULE = dataclasses.replace(catalog.framework("megatron-core"),
@@ -65,12 +67,13 @@ def test_mixed_leaf_bound_below_estimate_with_unlike_blocks(sched, vpp):
     # bound must use the smallest per-block slowdown, not the whole model's.
     model, cluster = catalog.model("llava-1.5-7b"), catalog.cluster("8xa100-80gb+8xv100")
     req = SearchRequest(global_batch=16, seq_len=2048, simulate=False, framework=ANY_SCHEDULE)
-    run = _Run(model, cluster, req, None)
-    vi = next(i for i, v in enumerate(run.variants) if v.describe() == "8xv100+8xa100-80gb")
+    space = SearchSpace.of(model, cluster, req)
+    cache = CostCache(space=space)
+    var = next(v for v in space.variants if v.describe() == "8xv100+8xa100-80gb")
     deg = Degrees(tp=8, cp=1, pp=2, dp=1, ep=1, etp=1)
     plan = leaf_plan(Leaf(deg=deg, micro_batch=1, schedule=sched, vpp=vpp, zero=0, dp_shard=0, cp_kind="ring"), req)
-    bound = run.leaf_bound(vi, plan, 80e9)
-    est = estimate(model, run.variants[vi], plan.with_(layer_split=run.split(vi, plan)), stack=ANY_SCHEDULE)
+    bound = prune.leaf_bound(space, cache, var, plan, 80e9)
+    est = estimate(model, var, plan.with_(layer_split=split(space, cache, var, plan)), stack=ANY_SCHEDULE)
     assert bound <= est.step_time
 
 
@@ -92,10 +95,11 @@ def test_v_shaped_even_split_bound_counts_the_head_on_rank_zero(sched):
     # the bound once took rank 0's data-parallel tail from the wrong stages and overstated it by ~0.5 %.
     model, cluster = catalog.model("gpt-1.7b"), catalog.cluster("8xh100-sxm")
     req = SearchRequest(global_batch=32, seq_len=2048, simulate=False, framework=ANY_SCHEDULE)
-    run = _Run(model, cluster, req, None)
+    space = SearchSpace.of(model, cluster, req)
     deg = Degrees(tp=1, cp=1, pp=2, dp=4, ep=1, etp=1)
     plan = leaf_plan(Leaf(deg=deg, micro_batch=1, schedule=sched, vpp=2, zero=0, dp_shard=0, cp_kind="ring"), req)
-    assert run.leaf_bound(0, plan, 80e9) <= estimate(model, cluster, plan, stack=ANY_SCHEDULE).step_time
+    bound = prune.leaf_bound(space, CostCache(space=space), space.variants[0], plan, 80e9)
+    assert bound <= estimate(model, cluster, plan, stack=ANY_SCHEDULE).step_time
 
 
 def test_fsdp_single_micro_batch_static_bound_has_no_gradients():

@@ -7,7 +7,8 @@ import pytest
 
 from meshplan import catalog
 from meshplan.errors import SpecError
-from meshplan.search import SearchRequest, render_text, result_json, search
+from meshplan.report.search import render_text, result_json
+from meshplan.search import SearchRequest, search
 
 
 def _best(model, gpus, gb, seq, **kw):

@@ -10,8 +10,9 @@ import pytest
 
 from meshplan.calibrate.runs import load_runs
 from meshplan.cost.estimate import estimate
+from meshplan.report.layout import layout_short
+from meshplan.report.search import runner_up
 from meshplan.search import SearchRequest, search
-from meshplan.search.render import layout, why_loses
 from meshplan.search.result import RankedPlan
 
 CSV = Path(__file__).resolve().parents[3] / "shared" / "validation" / "runs_visible.csv"
@@ -35,7 +36,8 @@ def test_planner_no_slower_than_published_layouts():
             continue
         if best.estimate.step_time < pub.step_time * 0.99:
             ref = RankedPlan(plan=run.plan, cluster=run.cluster, estimate=pub)
-            faster.append(f"{run.id}: {layout(best)} {best.plan.schedule_name} mb{best.plan.micro_batch} "
-                          f"{best.plan.recompute} beats published {layout(ref)} by {why_loses(best, ref)}")
+            faster.append(f"{run.id}: {layout_short(best.plan)} {best.plan.schedule_name} "
+                          f"mb{best.plan.micro_batch} {best.plan.recompute} beats published "
+                          f"{layout_short(ref.plan)}: {runner_up(best, ref, frac)}")
     print(f"\n{len(faster)} of {len(runs)} rows have a faster plan:\n" + "\n".join(faster))
     assert not slower, slower

@@ -72,7 +72,7 @@ def measure_all(model_ref: str, plans: list, *, world: int, warmup: int, rounds:
 
 def score(labels: list[str], pred: list[float], meas: list[float]) -> dict:
     """Per-plan rows plus MAPE, Kendall tau and the regret of the predicted-fastest plan."""
-    from meshplan.runtime.closed_loop import kendall_tau, mape_pct, ranks, regret_pct
+    from meshplan.calibrate.agreement import kendall_tau, mape_pct, ranks, regret_pct
 
     rp, rm = ranks(pred), ranks(meas)
     chosen = min(range(len(pred)), key=lambda i: pred[i])
@@ -147,7 +147,7 @@ def run_check(*, model: str, space, hardware: str, full: bool, rounds: tuple[int
 def check_space(*, world: int, global_batch: int, seq_len: int, device: str, micro_batches: str):
     """The ``CheckSpace`` of the command's flags: fp32 on a CPU (the single-process reference's precision), bf16
     on GPUs (what the runtime computes in there)."""
-    from meshplan.runtime.closed_loop import CheckSpace
+    from meshplan.calibrate.agreement import CheckSpace
 
     if device not in ("cpu", "cuda"):
         raise SpecError("--device", device, "cpu or cuda")

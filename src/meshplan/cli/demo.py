@@ -25,7 +25,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Plan a known model on a known cluster (no arguments needed) and explain the winner."""
         from meshplan import catalog
-        from meshplan.search import SearchRequest, render_text, search
+        from meshplan.report.search import render_text
+        from meshplan.search import SearchRequest, search
 
         mdl, clu = catalog.model(model), catalog.cluster(gpus)
         typer.echo(f"Planning {mdl.name} ({mdl.n_layers} layers) on {clu.describe()}: global batch "

@@ -54,13 +54,12 @@ def render(est, model, cluster, plan, stack=None) -> str:
     from rich.console import Console
     from rich.table import Table
 
+    from meshplan.report.layout import layout_text
+
     buf = StringIO()
     con = Console(file=buf, width=100, force_terminal=False)
     head = Table(title=f"{model.name} on {cluster.describe()}", show_header=False)
-    layout = (f"tp={plan.tp}{'+sp' if plan.sp else ''} cp={plan.cp} pp={plan.pp}"
-              f"{f' vpp={plan.vpp}' if plan.vpp > 1 else ''} dp={plan.dp} zero={plan.zero} ep={plan.ep} "
-              f"mb={plan.micro_batch} gbs={plan.global_batch} seq={plan.seq_len} recompute={plan.recompute} "
-              f"{plan.precision} schedule={plan.schedule_name if plan.pp > 1 else '-'}")
+    layout = layout_text(plan)
     stack_line = plan.framework + (f" ({', '.join(f'{k}={v}' for k, v in stack_changes(stack).items())})"
                                    if stack is not None and stack_changes(stack) else "")
     for k, v in (("layout", layout), ("framework", stack_line), ("step time", f"{est.step_time:.3f} s"),

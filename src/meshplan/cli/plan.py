@@ -44,7 +44,8 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
         resolve_model,
         stack_changes,
     )
-    from meshplan.search import render_text, result_json, search
+    from meshplan.report.search import render_text, result_json
+    from meshplan.search import search
     from meshplan.spec.io import plan_file_text
 
     model = resolve_model(model_ref)

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from meshplan.cost.result import Estimate
 from meshplan.report.data import Report
-from meshplan.spec.plan import Plan
 from meshplan.spec.schedules import schedule_spec
 
 GIB = 2**30
@@ -30,18 +29,6 @@ BUBBLE_HINT = 0.05
 def gib(x: float) -> str:
     """Bytes as GiB with one decimal."""
     return f"{x / GIB:.1f}"
-
-
-def layout_text(plan: Plan) -> str:
-    """The plan's degrees and workload in one line."""
-    sched = plan.schedule_name if plan.pp > 1 else "-"
-    parts = [f"tp={plan.tp}{'+sp' if plan.sp else ''}", f"cp={plan.cp}", f"pp={plan.pp}"]
-    if plan.vpp > 1:
-        parts.append(f"vpp={plan.vpp}")
-    parts += [f"dp={plan.dp}", f"zero={plan.zero}", f"ep={plan.ep}", f"mb={plan.micro_batch}",
-              f"gbs={plan.global_batch}", f"seq={plan.seq_len}", f"recompute={plan.recompute}", plan.precision,
-              f"schedule={sched}"]
-    return " ".join(parts)
 
 
 def headline(est: Estimate) -> list[tuple[str, str]]:
@@ -153,27 +140,42 @@ class Comparison:
 
 
 def compare(rep: Report, index: int) -> Comparison:
-    """Why alternative ``index`` loses to the reported plan (or that it does not).
+    """Why alternative ``index`` loses to the reported plan (or that it does not): ``verdict``.
 
     Example: an alternative at 11 s and 70 GiB against a plan at 10 s and 60 GiB "loses" with the text
     ``slower by 10.0 %; needs 10.0 GiB more``.
     """
     alt = rep.alternatives[index]
-    base, other = rep.estimate, alt.estimate
+    return verdict(rep.estimate, alt.estimate, limit=rep.limit, label=alt.label)
+
+
+def verdict(base: Estimate, other: Estimate, *, limit: float, label: str) -> Comparison:
+    """How ``other`` compares with ``base`` against a per-GPU memory ``limit``: the relative step time with the
+    components it loses time in, the memory, and the status (``loses``, ``better``, ``trade-off``, ``same``,
+    ``does not fit``). The one home of "why it loses" (reports and the plan search alike)."""
     dt = other.step_time / base.step_time - 1.0
     dm = other.peak_memory - base.peak_memory
-    t_txt = (f"slower by {100 * dt:.1f} %" if dt > SAME_TIME else
+    behind = components_behind(base, other)
+    t_txt = (f"slower by {100 * dt:.1f} %" + (f" ({behind})" if behind else "") if dt > SAME_TIME else
              f"faster by {100 * -dt:.1f} %" if dt < -SAME_TIME else "same step time")
     m_txt = (f"needs {gib(dm)} GiB more" if dm > SAME_MEMORY else
              f"needs {gib(-dm)} GiB less" if dm < -SAME_MEMORY else "same memory")
-    fits = other.peak_memory <= rep.limit
+    fits = other.peak_memory <= limit
     status = _status(dt, dm, fits)
     text = f"{t_txt}; {m_txt}"
-    if fits and base.peak_memory > rep.limit:
+    if fits and base.peak_memory > limit:
         status, text = "better", f"fits where this plan does not; {text}"
     elif not fits:
-        text = f"needs {gib(other.peak_memory)} GiB, over the {gib(rep.limit)} GiB limit; {t_txt}"
-    return Comparison(label=alt.label, status=status, time_delta=dt, memory_delta=dm, text=text)
+        text = f"needs {gib(other.peak_memory)} GiB, over the {gib(limit)} GiB limit; {t_txt}"
+    return Comparison(label=label, status=status, time_delta=dt, memory_delta=dm, text=text)
+
+
+def components_behind(base: Estimate, other: Estimate, *, n: int = 2) -> str:
+    """The (at most ``n``) time components in which ``other`` takes longer than ``base`` by more than 0.5 % of
+    base's step, largest first, e.g. ``compute +0.40 s, pipeline bubble +0.20 s``; recompute is inside compute."""
+    a, b = base.time.as_dict(), other.time.as_dict()
+    diffs = sorted(((b[k] - a[k], k) for k in a if k != "recompute"), reverse=True)
+    return ", ".join([f"{component_name(k)} +{d:.2f} s" for d, k in diffs if d > 0.005 * base.step_time][:n])
 
 
 def _status(dt: float, dm: float, fits: bool) -> str:

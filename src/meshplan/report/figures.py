@@ -9,11 +9,11 @@ from meshplan.report.analysis import (
     GIB,
     comparisons,
     component_name,
-    layout_text,
     time_shares,
 )
 from meshplan.report.data import Report
 from meshplan.report.gantt import KIND_NAMES, GanttData
+from meshplan.report.layout import layout_text
 
 KIND_COLORS = {"F": "#4C78A8", "B": "#E45756", "I": "#F58518", "W": "#54A24B", "SEND_F": "#9ECAE9",
                "SEND_B": "#FFBF79", "DP": "#B279A2", "AGG": "#BAB0AC"}

@@ -9,7 +9,6 @@ from meshplan.report.analysis import (
     component_name,
     gib,
     headline,
-    layout_text,
     limiters,
     time_shares,
 )
@@ -22,6 +21,7 @@ from meshplan.report.figures import (
     time_figure,
 )
 from meshplan.report.gantt import MAX_BARS, gantt_data
+from meshplan.report.layout import layout_text
 
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1200px;color:#222;

@@ -11,11 +11,11 @@ from meshplan.report.analysis import (
     component_name,
     gib,
     headline,
-    layout_text,
     limiters,
     time_shares,
 )
 from meshplan.report.data import Report
+from meshplan.report.layout import layout_text
 from meshplan.sim.timeline import Timeline
 
 TIMELINE_CHARS = {"F": "F", "B": "B", "I": "I", "W": "W", "DP": "d"}

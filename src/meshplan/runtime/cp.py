@@ -116,8 +116,3 @@ def install_context_parallel(module: torch.nn.Module, group: dist.ProcessGroup, 
     for m in module.modules():
         if isinstance(m, (Attention, MLA)):
             m.core = partial(core, group=group)
-
-
-def install_ring_attention(module: torch.nn.Module, group: dist.ProcessGroup) -> None:
-    """Swap every attention core in ``module`` for ring attention over ``group``."""
-    install_context_parallel(module, group, kind="ring")

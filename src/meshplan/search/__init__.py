@@ -1,13 +1,13 @@
 """Search: enumerate -> prune -> partition -> rank. Public API::
 
     search(model, cluster, request: SearchRequest, *, calib=None, progress=None) -> SearchResult
-    render_text(result) -> str          # ranked table, Pareto front, explanation of the winner
-    result_json(result) -> dict         # {"plans": [...], "considered", "pruned", "search_time_s", ...}
+
+Views of a result (the table, the Pareto front, the JSON document) live with the other presentations, in
+``meshplan.report.search``.
 """
 
 from meshplan.search.driver import search
-from meshplan.search.render import render_text, result_json
 from meshplan.search.request import SearchRequest
 from meshplan.search.result import RankedPlan, SearchResult
 
-__all__ = ["RankedPlan", "SearchRequest", "SearchResult", "render_text", "result_json", "search"]
+__all__ = ["RankedPlan", "SearchRequest", "SearchResult", "search"]

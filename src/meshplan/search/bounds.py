@@ -11,13 +11,13 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshplan.cost.calib import calibration_for
+from meshplan.cost.calib import gpu_calibration
 from meshplan.cost.comm import collective_time, plan_links
 from meshplan.cost.dp import DPCost, adam_bytes, dp_cost, owned_params
 from meshplan.cost.memory import layer_params, reserved_bytes, static_floor
 from meshplan.cost.pipeline import closed_form, inflight_microbatches
 from meshplan.cost.result import StageTimes
-from meshplan.cost.stage import Ctx, head_cost, layer_cost, tokens_of
+from meshplan.cost.stage import Ctx, embedding_params, head_cost, layer_cost, tokens_of
 from meshplan.spec.cluster import Pool, group_link
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
@@ -95,22 +95,17 @@ class LayerTable:
 
 def layer_table(model: ModelSpec, pool: Pool, plan: Plan, *, stack: FrameworkProfile, calib=None) -> LayerTable:
     """Cost every block once with the cost model's own layer function (``meshplan.cost.stage.layer_cost``)."""
-    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib, pool.gpu.calibration)
+    cal = gpu_calibration(pool.gpu, calib, library=stack.kernel_library)
     links = plan_links(plan, pool)
     ctxs = {mode: Ctx(model=model, plan=plan.with_(recompute=mode, recompute_layers=0), stack=stack, gpu=pool.gpu,
                       links=links, calib=cal) for mode in ("none", "selective", "full")}
     blocks, fwd, bwd = [], 0.0, 0.0
     for b in model.blocks:
         costs = {mode: layer_cost(b, ctx, index_on_rank=0) for mode, ctx in ctxs.items()}
-        base = costs["none"]
-        work = base.fwd + base.bwd_input + base.bwd_weight + base.tp_f + base.tp_b + base.cp_f + base.cp_b + \
-            base.ep_f + base.ep_b
-        full = costs["full"]
-        full_extra = (full.bwd_input - base.bwd_input) + (full.tp_b - base.tp_b) + (full.cp_b - base.cp_b) + \
-            (full.ep_b - base.ep_b)
+        base, full = costs["none"], costs["full"]
+        work, f, i = base.work, base.forward, base.backward_input
+        full_extra = full.backward_input - i
         d, e = layer_params(b.layer)
-        f = base.fwd + base.tp_f + base.cp_f + base.ep_f
-        i = base.bwd_input + base.tp_b + base.cp_b + base.ep_b
         share = max(f + i - base.bwd_weight, i) / max(work, 1e-30)
         fwd += f * b.n_layers
         bwd += (work - f) * b.n_layers
@@ -119,7 +114,7 @@ def layer_table(model: ModelSpec, pool: Pool, plan: Plan, *, stack: FrameworkPro
                                 act={m: c.act_bytes for m, c in costs.items()}, dense=d / plan.tp,
                                 expert=e / (plan.ep * plan.etp)))
     hf, hb = head_cost(model, ctxs["none"])
-    emb = model.vocab * model.hidden / plan.tp * (1 if model.tied_embeddings else 2)
+    emb = embedding_params(model, plan, first=True, last=True, mtp=False)
     return LayerTable(blocks=tuple(blocks), head=hf + hb, emb=emb, fwd=fwd + hf, bwd=bwd + hb,
                       opt_s_per_param=adam_bytes(stack) / (pool.gpu.hbm_bandwidth * cal.mem_eff),
                       overhead=cal.step_overhead_s, reserved=reserved_bytes(pool.gpu.generation), stack=stack)
@@ -178,7 +173,7 @@ def p2p_lower_bound(model: ModelSpec, pool: Pool, plan: Plan, *, calib) -> float
 def p2p_send_time(model: ModelSpec, pool: Pool, plan: Plan, *, calib) -> float:
     """The smallest activation send between pipeline neighbours (s); depends on the pool, the intra-layer
     layout and the pipeline stride only, so search caches it."""
-    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib, pool.gpu.calibration)
+    cal = gpu_calibration(pool.gpu, calib)  # link efficiencies only: no kernel-library constant enters
     link = group_link(pool, size=2, stride=plan.stride("pp"))
     h_div = plan.tp if plan.sp else 1
     return min(collective_time("send_recv", tokens_of(b, plan) * b.layer.hidden * 2.0 / h_div, size=2, link=link,
@@ -327,6 +322,6 @@ def dp_exact(table: LayerTable, plan: Plan, *, pool: Pool, calib) -> DPCost | No
     rank that holds every layer); None with pipelining, where it depends on the split."""
     if plan.pp > 1:
         return None
-    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib, pool.gpu.calibration)
+    cal = gpu_calibration(pool.gpu, calib, library=table.stack.kernel_library)
     return dp_cost(table.dense, table.expert, plan=plan, stack=table.stack, links=plan_links(plan, pool), calib=cal,
                    fwd=table.fwd, bwd=table.bwd, n_units=max(sum(b.n_layers for b in table.blocks), 1))

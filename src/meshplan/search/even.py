@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost.calib import calibration_for
+from meshplan.cost.calib import gpu_calibration
 from meshplan.cost.comm import plan_links
 from meshplan.cost.dp import dp_cost
 from meshplan.cost.pipeline import stage_rank
+from meshplan.cost.stage import embedding_params
 from meshplan.search.bounds import LayerTable
 from meshplan.spec.cluster import Pool
 from meshplan.spec.model import ModelSpec
@@ -49,11 +50,12 @@ def even_split_work(model: ModelSpec, table: LayerTable, plan: Plan) -> EvenSpli
         i += n
     head_rank = stage_rank(plan.schedule_name, stage=plan.n_stages - 1, pp=plan.pp)
     work[head_rank] += table.head
-    emb = table.emb / (1 if model.tied_embeddings else 2)
-    if head_rank == 0 and plan.pp > 1:
+    v_shaped = head_rank == 0 and plan.pp > 1
+    emb = embedding_params(model, plan, first=True, last=v_shaped, mtp=False)
+    if v_shaped:
         # V-shaped: rank 0 also holds the output head (its own weights unless tied) and its compute, which hides
         # data-parallel traffic; crediting the whole head to both passes keeps the tail a lower bound.
-        emb, f, bw = table.emb, f + table.head, bw + table.head
+        f, bw = f + table.head, bw + table.head
     return EvenSplit(work=tuple(work), first=(d + emb, e, f, bw, n0))
 
 
@@ -67,7 +69,7 @@ def even_pipeline_bound(split: EvenSplit, table: LayerTable, plan: Plan, *, pool
     pipe = (m + e) * wmax + c * (total - wmax)
     if plan.zero == 3 and m == 1:
         return pipe
-    cal = calibration_for(pool.gpu.name, pool.gpu.generation, calib, pool.gpu.calibration)
+    cal = gpu_calibration(pool.gpu, calib, library=table.stack.kernel_library)
     dense, expert, f, b, n0 = split.first
     tail = dp_cost(dense, expert, plan=plan, stack=table.stack, links=plan_links(plan, pool), calib=cal, fwd=f,
                    bwd=b, n_units=max(n0, 1)).per_step

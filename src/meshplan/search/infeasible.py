@@ -12,6 +12,7 @@ from meshplan.errors import Infeasible, MeshplanError
 from meshplan.search.bounds import layer_table, memory_lower_bound
 from meshplan.search.result import RankedPlan
 from meshplan.search.space import degree_tuples, leaf_plan, leaves
+from meshplan.search.state import SearchSpace, Tally
 from meshplan.spec.cluster import ClusterSpec
 
 MAX_SCALE = 64
@@ -67,27 +68,24 @@ def min_gpus(model, cluster: ClusterSpec, req) -> int:
     return 0
 
 
-def nothing_fits(run) -> tuple[Infeasible, RankedPlan | None]:
-    """The typed infeasible result of a search that found no fitting plan."""
-    lean = run.leanest[1] if run.leanest else None
-    if lean is None and run.lean_leaf is None and run.req.pins:
+def nothing_fits(space: SearchSpace, tally: Tally, lean: RankedPlan | None) -> Infeasible:
+    """The typed infeasible result of a search that found no fitting plan, from its tally and its most
+    memory-lean plan (None when no leaf was even bounded)."""
+    req = space.request
+    if lean is None and tally.lean_leaf is None and req.pins:
         # No valid layout at all: the pins themselves are impossible here (divisibility), not the memory.
-        pins = ", ".join(f"{k}={v}" for k, v in sorted(run.req.pins.items()))
-        reason = (f"no valid layout with the pinned {pins} for {run.model.name} on {run.cluster.describe()} "
+        pins = ", ".join(f"{k}={v}" for k, v in sorted(req.pins.items()))
+        reason = (f"no valid layout with the pinned {pins} for {space.model.name} on {space.cluster.describe()} "
                   "(degrees must divide the GPU count, heads, layers and batch); unpin or change them")
-        return Infeasible(kind="pins", reason=reason, details={"pins": dict(run.req.pins)}), None
-    if lean is None and run.lean_leaf is not None:
-        _, vi, plan = run.lean_leaf
-        lean = run.run(vi, plan.with_(recompute="full"))
-    need = min_gpus(run.model, run.cluster, run.req)
-    where = f"{need}x{run.cluster.pools[0].gpu.name}" if need else f"none up to {MAX_SCALE}x these GPUs"
-    limit = f"{100 * run.req.max_memory_fraction:.0f} % of device memory"
-    reason = f"no plan fits under {limit}"
+        return Infeasible(kind="pins", reason=reason, details={"pins": dict(req.pins)})
+    need = min_gpus(space.model, space.cluster, req)
+    where = f"{need}x{space.cluster.pools[0].gpu.name}" if need else f"none up to {MAX_SCALE}x these GPUs"
+    reason = f"no plan fits under {100 * req.max_memory_fraction:.0f} % of device memory"
     if lean is not None:
         reason += f"; the leanest needs {_breakdown(lean)}"
     reason += f"; smallest cluster that fits: {where}"
-    details = {"min_gpus": need, "memory_fraction": run.req.max_memory_fraction}
+    details = {"min_gpus": need, "memory_fraction": req.max_memory_fraction}
     if lean is not None:
         details.update(lean_plan=lean.plan.to_dict(), lean_memory_bytes=lean.estimate.memory.as_dict(),
                        capacity_bytes=lean.estimate.capacity)
-    return Infeasible(kind="memory", reason=reason, details=details), lean
+    return Infeasible(kind="memory", reason=reason, details=details)

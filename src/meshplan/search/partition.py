@@ -88,16 +88,3 @@ def min_max_partition(prob: PartitionProblem, *, iters: int = 60) -> tuple[int, 
         if hi - lo <= 1e-9 * hi:
             break
     return tuple(best)
-
-
-def spread_over_chunks(rank_layers: tuple[int, ...], vpp: int) -> tuple[int, ...]:
-    """Per-rank layer counts to a virtual-stage split (index chunk * pp + rank), each rank's layers as even as
-    possible over its chunks, the extra ones on its later chunks (the first chunk of rank 0 holds the
-    embedding)."""
-    pp = len(rank_layers)
-    out = [0] * (pp * vpp)
-    for r, n in enumerate(rank_layers):
-        base, extra = divmod(n, vpp)
-        for c in range(vpp):
-            out[c * pp + r] = base + (1 if c >= vpp - extra else 0)
-    return tuple(out)

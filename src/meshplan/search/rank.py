@@ -1,14 +1,14 @@
-"""Ranking the survivors of a search: order by the objective, re-estimate the top with the event simulator,
-the time/memory Pareto front, and the nothing-fits report when no plan fits."""
+"""Ranking the survivors of a search: order by the objective, re-estimate the top with the event simulator, and
+the nothing-fits report when no plan fits."""
 
 from __future__ import annotations
 
-import math
 import time
 
 from meshplan.cost.estimate import estimate
 from meshplan.errors import MeshplanError
 from meshplan.search.result import RankedPlan, SearchResult
+from meshplan.search.state import SearchSpace, Tally
 from meshplan.spec.model import ModelSpec
 
 MAX_SIM_ACTIONS = 400_000
@@ -31,31 +31,21 @@ def _simulated(model: ModelSpec, rp: RankedPlan, stack, calib) -> RankedPlan:
         return rp
 
 
-def pareto_front(plans: list[RankedPlan]) -> list[RankedPlan]:
-    """Plans not beaten on both step time and peak memory, fastest first."""
-    out, low = [], math.inf
-    for rp in sorted(plans, key=lambda r: (r.estimate.step_time, r.estimate.peak_memory)):
-        if rp.estimate.peak_memory < low:
-            out.append(rp)
-            low = rp.estimate.peak_memory
-    return out
-
-
-def finish(run, t0: float) -> SearchResult:
-    """Rank, simulate the top, build the Pareto front and the nothing-fits report (``run``: the driver's
-    search state; ``t0``: its start, from ``time.perf_counter``)."""
+def finish(space: SearchSpace, tally: Tally, fitting: list[RankedPlan], *, t0: float,
+           lean: RankedPlan | None = None) -> SearchResult:
+    """Rank the fitting plans and simulate the top, or build the nothing-fits report from the leanest plan
+    (``t0``: the search's start, from ``time.perf_counter``)."""
     from meshplan.search.infeasible import nothing_fits
 
-    req = run.req
-    keyed = sorted(run.fitting, key=lambda rp: (run.key(run.variants.index(rp.cluster), rp.estimate.step_time)))
-    top = keyed[: req.top]
+    req = space.request
+    top = sorted(fitting, key=lambda rp: space.key(rp.cluster, rp.estimate.step_time))[: req.top]
     if req.simulate:
-        top = [_simulated(run.model, rp, req.framework, run.calib) for rp in top]
-        top.sort(key=lambda rp: run.key(run.variants.index(rp.cluster), rp.step_time))
-    infeasible, lean = (None, None)
+        top = [_simulated(space.model, rp, req.framework, space.calib) for rp in top]
+        top.sort(key=lambda rp: space.key(rp.cluster, rp.step_time))
+    infeasible = None
     if not top:
-        infeasible, lean = nothing_fits(run)
-    return SearchResult(model=run.model, cluster=run.cluster, request=req, plans=tuple(top),
-                        pareto=tuple(pareto_front(run.fitting)), considered=run.considered,
-                        pruned=dict(run.pruned), evaluated=run.n_eval, search_time_s=time.perf_counter() - t0,
-                        infeasible=infeasible, lean=lean)
+        infeasible = nothing_fits(space, tally, lean)
+    return SearchResult(model=space.model, cluster=space.cluster, request=req, plans=tuple(top),
+                        fitting=tuple(fitting), considered=tally.considered,
+                        pruned=dict(tally.pruned), evaluated=tally.evaluated,
+                        search_time_s=time.perf_counter() - t0, infeasible=infeasible, lean=lean if not top else None)

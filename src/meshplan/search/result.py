@@ -58,8 +58,9 @@ class SearchResult:
     """The request."""
     plans: tuple[RankedPlan, ...]
     """Top plans, best first."""
-    pareto: tuple[RankedPlan, ...]
-    """Fitting plans no other plan beats on both step time and peak memory, fastest first."""
+    fitting: tuple[RankedPlan, ...] = ()
+    """Every fitting plan the search evaluated (closed-form estimates); the Pareto front is drawn from them
+    (``meshplan.report.search.front``)."""
     considered: int
     """Candidates enumerated (leaves plus whole degree tuples rejected before their leaves)."""
     pruned: dict = field(default_factory=dict)

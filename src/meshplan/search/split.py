@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from meshplan.cost.memory import holds_unsharded, logits_bytes, sharded_state
 from meshplan.cost.pipeline import inflight_microbatches
+from meshplan.cost.stage import embedding_params
 from meshplan.search.bounds import LayerTable
 from meshplan.search.partition import PartitionProblem, min_max_partition
 from meshplan.spec.model import ModelSpec
@@ -53,7 +54,6 @@ def balanced_split(model: ModelSpec, plan: Plan, *, tables: list[LayerTable],
     act = sum(a for _, a in items_m) / len(items_m)
     ref_work = sum(b.work * b.n_layers for b in ref.blocks) or 1.0
     head_rank = schedule_spec(plan.schedule_name).stage_rank(stage=plan.n_stages - 1, pp=pp)
-    emb_each = ref.emb / (1 if model.tied_embeddings else 2)
     slow, fixed_t, scale, fixed_m = [], [], [], []
     for r in range(pp):
         t = tables[r]
@@ -61,9 +61,10 @@ def balanced_split(model: ModelSpec, plan: Plan, *, tables: list[LayerTable],
         fixed_t.append(t.head if r == head_rank else 0.0)
         inflight = inflight_microbatches(plan.schedule_name, pp=pp, vpp=plan.vpp, n_micro=plan.n_micro, rank=r)
         scale.append((stat + inflight * act) / max(stat + act, 1e-30))
-        m = t.reserved + (emb_each * d_b if r == 0 else 0.0)
-        if r == pp - 1:
-            m += logits_bytes(model, plan, ref.stack) + (emb_each * d_b if not model.tied_embeddings else 0.0)
+        # The embedding on rank 0, the output head and its logits on the rank of the last stage.
+        m = t.reserved + embedding_params(model, plan, first=r == 0, last=r == head_rank, mtp=False) * d_b
+        if r == head_rank:
+            m += logits_bytes(model, plan, ref.stack)
         fixed_m.append(m)
     prob = PartitionProblem(item_time=tuple(items_t), item_mem=tuple(s + a for s, a in items_m),
                             stage_slowdown=tuple(slow), stage_time=tuple(fixed_t), stage_mem_scale=tuple(scale),
