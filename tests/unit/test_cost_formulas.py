@@ -281,3 +281,19 @@ def test_zero3_per_parameter_gathers_pay_latency_per_tensor():
     assert unit.per_micro_fwd == pytest.approx(10 * one_gather)
     # 110 more gathers, each 15 ring steps x 8 us.
     assert per_param.per_micro_fwd - unit.per_micro_fwd == pytest.approx(110 * 15 * 8e-6)
+
+
+@pytest.mark.parametrize(("dp_shard", "expert_group"), [(0, 2), (4, 1), (8, 1), (16, 2)])
+def test_hsdp_shards_experts_in_proportion_to_dense(dp_shard, expert_group):
+    """dp 16, ep 8: two ranks hold each expert shard. FSDP over all 16 splits the experts' states in two; an HSDP
+    shard group of 8 keeps a whole expert copy per group (torchtitan's dp_shard_mod_ep = dp_shard / ep = 1), and
+    one of 4 cannot split it further; the optimizer owns what memory holds."""
+    from meshplan.cost.dp import owned_params
+
+    plan = Plan(global_batch=64, seq_len=4096, dp=16, ep=8, zero=3, dp_shard=dp_shard)
+    assert plan.expert_dp == 2
+    assert plan.expert_zero_group == expert_group
+    dense, expert = 1e9, 8e9
+    assert owned_params(plan, dense=dense, expert=expert) == pytest.approx(
+        dense / (dp_shard or 16) + expert / expert_group, rel=1e-12)
+    assert owned_params(plan.with_(zero=0, dp_shard=0), dense=dense, expert=expert) == dense + expert

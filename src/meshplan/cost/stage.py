@@ -70,6 +70,21 @@ class LayerCost:
     host_wait: float = 0.0
     """Part of fwd + bwd the device waits for the host to issue the layer's ops (s)."""
 
+    @property
+    def forward(self) -> float:
+        """Forward compute with its exposed TP/CP/EP communication (s)."""
+        return self.fwd + self.tp_f + self.cp_f + self.ep_f
+
+    @property
+    def backward_input(self) -> float:
+        """Input-gradient pass with its exposed communication, recompute included (s)."""
+        return self.bwd_input + self.tp_b + self.cp_b + self.ep_b
+
+    @property
+    def work(self) -> float:
+        """Everything the layer takes per micro-batch: forward, input and weight gradients (s)."""
+        return self.forward + self.backward_input + self.bwd_weight
+
 
 def tokens_of(block: BlockSpec, plan: Plan) -> int:
     """Tokens of one micro-batch that a rank of this block processes (the sequence is split by cp)."""
@@ -239,6 +254,17 @@ def head_cost(model: ModelSpec, ctx: Ctx) -> tuple[float, float]:
     return heads * (t + ce), heads * (2 * t + ce)
 
 
+def embedding_params(model: ModelSpec, plan: Plan, *, first: bool, last: bool, mtp: bool = True) -> float:
+    """Embedding and output-head parameters one rank holds, vocab-parallel over tp: the input embedding on the
+    first stage, the output head on the last (one tensor when tied and both are on the rank), and with ``mtp`` the
+    embedding copy an MTP module needs on a last stage that is not the first (Megatron-Core GPTModel builds the
+    embedding where pre_process or mtp_process)."""
+    copies = int(first) + int(last and (not model.tied_embeddings or not first))
+    if mtp and last and not first and mtp_depth(model):
+        copies += 1
+    return copies * model.vocab * model.hidden / plan.tp
+
+
 def stage_params(model: ModelSpec, layers: list[tuple[BlockSpec, int]], plan: Plan, *, first: bool,
                  last: bool) -> tuple[float, float]:
     """(dense, expert) parameters one rank of a virtual stage holds: layers sharded by tp (experts by
@@ -251,13 +277,5 @@ def stage_params(model: ModelSpec, layers: list[tuple[BlockSpec, int]], plan: Pl
         d, e = layer_params(block.layer)
         dense += n * d / plan.tp
         expert += n * e / (plan.ep * plan.etp)
-    emb = model.vocab * model.hidden / plan.tp
-    if first:
-        dense += emb
-    if last and (not model.tied_embeddings or not first):
-        dense += emb
-    if last and not first and mtp_depth(model):
-        # MTP embeds the shifted tokens on the last stage, which holds its own copy of the (shared) embedding
-        # (Megatron-Core GPTModel builds the embedding where pre_process or mtp_process).
-        dense += emb
+    dense += embedding_params(model, plan, first=first, last=last)
     return dense, expert
