@@ -8,7 +8,7 @@ Coordinate descent with golden-section search in log space; deterministic.
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from meshplan.calibrate.runs import Run
@@ -18,15 +18,60 @@ from meshplan.spec.calibration import Calibration
 FIT_FIELDS = ("gemm_eff", "fp8_eff", "attn_eff")
 BOUNDS = {"gemm_eff": (0.2, 0.95), "fp8_eff": (0.15, 0.95), "attn_eff": (0.1, 0.9), "moe_eff": (0.2, 1.0)}
 SHARED_FIELDS = ("moe_eff",)
-# The one part whose peak is not documented (a 500 W power-capped H100 with HBM2e; the dataset README gives
-# only a range), so it gets its own section instead of sharing Hopper's.
-PART_SECTIONS = ("h100-hbm2e-96gb",)
+REFERENCE_LIBRARY = "nvidia"
+"""A generation's section is fitted on its runs of NVIDIA's kernels (Megatron, Transformer Engine, cuDNN)."""
+LIBRARY_FIELDS = ("attn_eff",)
+"""What another kernel library changes, in a sub-table of the generation (``[hopper.pytorch]``): its attention
+kernel (torch's scaled_dot_product_attention, FlashAttention-2 on Hopper, against Transformer Engine's cuDNN fused
+attention); its GEMMs are cuBLAS either way."""
+PART_SECTIONS = {"h100-hbm2e-96gb": ("gemm_eff", "fp8_eff")}
+"""GPU parts whose sustained peak is not documented (Meta's Grand Teton H100 with HBM2e at a 500 W cap: the dataset
+and the torchtitan benchmark document give only 'between SXM and NVL'), with the peak-bound constants fitted for
+the part, pulled toward its generation's."""
 
 
-def section_of(run: Run) -> str:
-    """Calibration section of a run: its GPU part when listed in PART_SECTIONS, else its generation."""
-    gpu = run.cluster.gpu
-    return gpu.name if gpu.name in PART_SECTIONS else gpu.generation
+@dataclass(frozen=True)
+class Section:
+    """A calibration section: where it lives in the table, which constants it fits, and what its prior pulls
+    toward (the documented defaults, or its generation's fitted values)."""
+
+    key: tuple[str, ...]
+    fields: tuple[str, ...]
+    parent: tuple[str, ...] = ()
+
+
+def sections_of(run: Run, *, library_sections: bool = True) -> list[Section]:
+    """The sections a run's constants come from besides its generation's: its kernel library's sub-table (if not
+    the reference) and its GPU part's section (if listed). A run with none informs its generation's section."""
+    gen, lib, part = run.cluster.gpu.generation, run.framework.kernel_library, run.cluster.gpu.name
+    out = []
+    if library_sections and lib != REFERENCE_LIBRARY:
+        out.append(Section(key=(gen, lib), fields=LIBRARY_FIELDS, parent=(gen,)))
+    if part in PART_SECTIONS:
+        # Without library sub-tables the part's section also takes the attention constant (the table before them).
+        fields = PART_SECTIONS[part] + (() if library_sections else LIBRARY_FIELDS)
+        out.append(Section(key=(part,), fields=fields, parent=(gen,)))
+    return out
+
+
+def _get(table: dict, key: tuple[str, ...]) -> dict:
+    """The constants of section ``key`` (a generation, or its library sub-table), without sub-tables."""
+    node = table
+    for k in key:
+        node = node.get(k, {})
+    return {k: v for k, v in node.items() if not isinstance(v, dict)}
+
+
+def _put(table: dict, key: tuple[str, ...], values: dict) -> dict:
+    """A copy of ``table`` with section ``key`` holding ``values`` (its sub-tables kept)."""
+    out = dict(table)
+    if len(key) == 1:
+        out[key[0]] = {**{k: v for k, v in table.get(key[0], {}).items() if isinstance(v, dict)}, **values}
+        return out
+    gen = dict(table.get(key[0], {}))
+    gen[key[1]] = dict(values)
+    out[key[0]] = gen
+    return out
 
 
 def log_error(runs: list[Run], table: dict) -> float:
@@ -56,53 +101,65 @@ def _golden(f, lo: float, hi: float, iters: int = 14) -> float:
     return math.exp((a + b) / 2)
 
 
-def fit_section(runs: list[Run], name: str, table: dict, *, prior: float, rounds: int = 2,
-                fit_fields: tuple[str, ...] = FIT_FIELDS, parent: str = "") -> dict[str, float]:
-    """Fit ``fit_fields`` of one section; fields a section's runs cannot inform (fp8 without fp8 runs) stay.
-    The prior pulls toward the documented defaults, or for a part section toward its generation's values."""
-    defaults = Calibration(**{**table.get("default", {}), **table.get(parent, {})}) if parent else Calibration()
-    values = dict(table.get(name, {}))
+def fit_section(runs: list[Run], section: Section, table: dict, *, prior: float, rounds: int = 2) -> dict[str, float]:
+    """Fit the section's fields; fields its runs cannot inform (fp8 without fp8 runs) stay. The prior pulls toward
+    the documented defaults, or toward the parent generation's values."""
+    parent = {**table.get("default", {}), **_get(table, section.parent)} if section.parent else {}
+    defaults = Calibration(**parent) if parent else Calibration()
+    values = _get(table, section.key)
     has_fp8 = any(r.plan.precision == "fp8" for r in runs)
     for _ in range(rounds):
-        for fld in fit_fields:
+        for fld in section.fields:
             if fld == "fp8_eff" and not has_fp8:
                 continue
             base = getattr(defaults, fld)
 
             def objective(x: float, fld=fld, base=base) -> float:
-                trial = {**table, name: {**values, fld: x}}
+                trial = _put(table, section.key, {**values, fld: x})
                 return log_error(runs, trial) + prior * math.log(x / base) ** 2
 
             values[fld] = round(_golden(objective, *BOUNDS[fld]), 4)
     return values
 
 
-def fit(runs: list[Run], *, prior: float = 0.02) -> dict[str, dict[str, float]]:
-    """Fitted table ``{section: {constant: value}}`` for every section that has runs."""
-    sections: dict[str, list[Run]] = {}
+def fit(runs: list[Run], *, prior: float = 0.02, library_sections: bool = True) -> dict[str, dict]:
+    """Fitted table ``{generation: {constant: value, library: {constant: value}}, part: {...}, "default": {...}}``
+    for every section that has runs: a generation's from its runs that no other section covers (all of its runs
+    when every one is covered), then the library sub-tables and part sections from theirs, twice around."""
+    others: dict[Section, list[Run]] = {}
+    gens: dict[str, list[Run]] = {}
+    clean: dict[str, list[Run]] = {}
     for r in runs:
-        sections.setdefault(section_of(r), []).append(r)
-    table: dict[str, dict[str, float]] = {}
+        extra = sections_of(r, library_sections=library_sections)
+        gens.setdefault(r.cluster.gpu.generation, []).append(r)
+        if not extra:
+            clean.setdefault(r.cluster.gpu.generation, []).append(r)
+        for sec in extra:
+            others.setdefault(sec, []).append(r)
+    order = [(Section(key=(g,), fields=FIT_FIELDS), clean.get(g) or gens[g]) for g in sorted(gens)]
+    order += sorted(others.items(), key=lambda kv: kv[0].key)
+    table: dict[str, dict] = {}
     moe_runs = [r for r in runs if r.model.is_moe]
-    # Generations first; then each distinct part, pulled toward its generation (it is the same silicon).
-    parents = {section_of(r): r.cluster.gpu.generation for r in runs if section_of(r) in PART_SECTIONS}
-    order = sorted(n for n in sections if n not in parents) + sorted(parents)
     for _ in range(2):
-        for name in order:
-            table[name] = fit_section(sections[name], name, table, prior=prior, parent=parents.get(name, ""))
+        for sec, rs in order:
+            table = _put(table, sec.key, fit_section(rs, sec, table, prior=prior))
         if moe_runs:
             # One constant for all generations, informed by the MoE runs only (too few to split).
-            table["default"] = fit_section(moe_runs, "default", table, prior=prior, fit_fields=SHARED_FIELDS)
+            shared = Section(key=("default",), fields=SHARED_FIELDS)
+            table["default"] = fit_section(moe_runs, shared, table, prior=prior)
     return dict(sorted(table.items()))
 
 
-def write_table(table: dict[str, dict[str, float]], path: str | Path, *, source: str) -> None:
+def write_table(table: dict[str, dict], path: str | Path, *, source: str) -> None:
     """Write the fitted constants as TOML with a provenance header."""
     import tomli_w
 
     known = {f.name for f in fields(Calibration)}
-    assert all(set(v) <= known for v in table.values())
+    for name, section in table.items():
+        for sub in [section] + [v for v in section.values() if isinstance(v, dict)]:
+            assert {k for k, v in sub.items() if not isinstance(v, dict)} <= known, name
     header = (f"# Fitted by `python scripts/fit_calibration.py` from {source}.\n"
               "# Do not edit by hand: rerun the script. Fields not listed keep the documented defaults in\n"
-              "# meshplan/cost/calib.py.\n")
+              "# meshplan/spec/calibration.py; a generation's [gen.library] sub-table holds the constants of runs\n"
+              "# on another kernel library than NVIDIA's (pulled toward the generation's values).\n")
     Path(path).write_text(header + tomli_w.dumps(table))

@@ -13,6 +13,7 @@ from importlib import resources
 
 from meshplan.errors import SpecError
 from meshplan.spec.calibration import Calibration
+from meshplan.spec.hardware import GPUSpec
 
 # Physical defaults of a generation that differ from the field defaults: a CPU issues nothing ahead of its work
 # (its dispatch is op_overhead_s, paid before each op), so it has no host floor.
@@ -31,15 +32,25 @@ def _fitted() -> dict[str, dict[str, float]]:
 
 
 def calibration_for(gpu_name: str, generation: str, table: dict[str, dict[str, float]] | None = None,
-                    measured: tuple[tuple[str, float], ...] = ()) -> Calibration:
-    """The calibration of a GPU: field defaults and its generation's physical defaults, overridden by the fitted
-    table's ``default`` section, then its generation's section, then a section for this GPU model (a distinct
-    part such as a power-capped SKU), then constants measured on the device itself (``meshplan calibrate``)."""
+                    measured: tuple[tuple[str, float], ...] = (), *, library: str = "") -> Calibration:
+    """The calibration of a GPU running a kernel library: field defaults and its generation's physical defaults,
+    overridden by the fitted table's ``default`` section, then its generation's section, then that section's
+    sub-table for the stack's kernel library (``[hopper.pytorch]``: the constants where ATen and torch SDPA reach
+    other efficiencies than NVIDIA's kernels), then a section for this GPU model (a distinct part), then constants
+    measured on the device itself (``meshplan calibrate``)."""
     table = _fitted() if table is None else table
-    values = {**GENERATION_DEFAULTS.get(generation, {}), **table.get("default", {}), **table.get(generation, {}),
+    gen = table.get(generation, {})
+    lib = gen.get(library, {}) if library else {}
+    values = {**GENERATION_DEFAULTS.get(generation, {}), **table.get("default", {}),
+              **{k: v for k, v in gen.items() if not isinstance(v, dict)}, **(lib if isinstance(lib, dict) else {}),
               **table.get(gpu_name, {}), **dict(measured)}
     known = {f.name for f in fields(Calibration)}
     bad = set(values) - known
     if bad:
         raise SpecError("calibration", sorted(bad), f"unknown constants; known: {', '.join(sorted(known))}")
     return Calibration(**values)
+
+
+def gpu_calibration(gpu: GPUSpec, table: dict | None = None, *, library: str = "") -> Calibration:
+    """``calibration_for`` of a catalog or calibrated GPU (its own measured constants included)."""
+    return calibration_for(gpu.name, gpu.generation, table, gpu.calibration, library=library)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from meshplan import catalog
-from meshplan.cost.calib import calibration_for
+from meshplan.cost.calib import gpu_calibration
 from meshplan.cost.comm import collective_time, plan_links
 from meshplan.cost.dp import DPCost, cross_pool_reduce, dp_cost, optimizer_time
 from meshplan.cost.memory import (
@@ -24,6 +24,7 @@ from meshplan.cost.result import Estimate, MemoryBreakdown, StageTimes, TimeBrea
 from meshplan.cost.stage import (
     Ctx,
     LayerCost,
+    embedding_params,
     head_cost,
     layer_cost,
     mtp_depth,
@@ -131,8 +132,8 @@ def _stage_times(model: ModelSpec, plan: Plan, costs: list[list[LayerCost]], ctx
     n = len(costs)
     fwd, bi, bw, p2p, act = [], [], [], [], []
     for v, row in enumerate(costs):
-        f = sum(c.fwd + c.tp_f + c.cp_f + c.ep_f for c in row)
-        b = sum(c.bwd_input + c.tp_b + c.cp_b + c.ep_b for c in row)
+        f = sum(c.forward for c in row)
+        b = sum(c.backward_input for c in row)
         if v == n - 1:
             hf, hb = head_cost(model, ctxs[rank_of(plan, v)])
             f, b = f + hf, b + hb
@@ -181,9 +182,9 @@ def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCo
 
 
 def root_params(model: ModelSpec, plan: Plan, first: bool, last: bool) -> float:
-    """Embedding and output-head parameters a rank holds (vocab-parallel over tp)."""
-    emb = model.vocab * model.hidden / plan.tp
-    return emb * (int(first) + int(last and (not model.tied_embeddings or not first)))
+    """Embedding and output-head parameters a rank holds in FSDP's root unit (``embedding_params``, without the
+    MTP module's copy, which lives in the MTP block)."""
+    return embedding_params(model, plan, first=first, last=last, mtp=False)
 
 
 def model_flops(model: ModelSpec, plan: Plan) -> float:
@@ -234,8 +235,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, stack: Frame
         pool = rank_pool(cluster, plan, r)
         if id(pool) not in by_pool:
             by_pool[id(pool)] = Ctx(model=model, plan=plan, stack=stack, gpu=pool.gpu, links=plan_links(plan, pool),
-                                    calib=calibration_for(pool.gpu.name, pool.gpu.generation, calib,
-                                                          pool.gpu.calibration))
+                                    calib=gpu_calibration(pool.gpu, calib, library=stack.kernel_library))
         ctxs.append(by_pool[id(pool)])
     costs = _per_layer(model, plan, stages, ctxs)
     times = _stage_times(model, plan, costs, ctxs, stages)
@@ -338,7 +338,7 @@ def cross_pool_time(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, stack
     slow = min(cluster.pools, key=lambda p: p.gpu.nic_bandwidth)
     link = GroupLink(bandwidth=cluster.inter_pool_bandwidth or slow.gpu.nic_bandwidth,
                      latency=max(p.gpu.nic_latency for p in cluster.pools), level="inter_pool")
-    cal = calibration_for(slow.gpu.name, slow.gpu.generation, calib, slow.gpu.calibration)
+    cal = gpu_calibration(slow.gpu, calib)  # the cross-pool all-reduce: link constants only
     return cross_pool_reduce(shard, pools=len(cluster.pools), link=link, calib=cal)
 
 
