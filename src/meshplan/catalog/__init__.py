@@ -55,15 +55,20 @@ def _looks_like_path(ref: str) -> bool:
     return ref.endswith((".toml", ".json")) or "/" in ref
 
 
+def _entry(kind: str, label: str, ref: str) -> dict:
+    """The catalog entry ``ref`` of ``kind``, or a one-line error naming the close matches."""
+    cat = _catalog(kind)
+    if ref not in cat:
+        raise unknown_name(label, ref, cat)
+    return cat[ref]
+
+
 @lru_cache(maxsize=256)
 def gpu(ref: str) -> GPUSpec:
     """A GPU by catalog name, or from a hardware-profile TOML file."""
     if _looks_like_path(ref):
         return gpu_from_dict(read_file(ref), ref)
-    cat = _catalog("gpus")
-    if ref not in cat:
-        raise unknown_name("gpu", ref, cat)
-    return gpu_from_dict(cat[ref], f"gpu[{ref}]")
+    return gpu_from_dict(_entry("gpus", "gpu", ref), f"gpu[{ref}]")
 
 
 def model(ref: str) -> ModelSpec:
@@ -75,10 +80,7 @@ def model(ref: str) -> ModelSpec:
 
             return model_from_hf(data, name=Path(ref).parent.name or Path(ref).stem)
         return model_from_dict(data, ref)
-    cat = _catalog("models")
-    if ref not in cat:
-        raise unknown_name("model", ref, cat)
-    return model_from_dict(cat[ref], f"model[{ref}]")
+    return model_from_dict(_entry("models", "model", ref), f"model[{ref}]")
 
 
 def cluster(ref: str) -> ClusterSpec:
@@ -99,10 +101,7 @@ def framework(ref: str) -> FrameworkProfile:
     profile TOML file."""
     if _looks_like_path(ref):
         return framework_from_dict(read_file(ref), ref)
-    cat = _catalog("frameworks")
-    if ref not in cat:
-        raise unknown_name("framework", ref, cat)
-    return framework_from_dict(cat[ref], f"framework[{ref}]")
+    return framework_from_dict(_entry("frameworks", "framework", ref), f"framework[{ref}]")
 
 
 def framework_with(name: str, settings: dict | None = None) -> FrameworkProfile:
