@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Leave-one-source-out cross-validation of the calibration: for each source in the visible runs, refit the
 constants without that source's rows and predict them. The error on unseen sources is the honest estimate of how
-the model does on the held-out set (other runs, other sources). Takes a few minutes; ``--compare`` also runs the
-fit without kernel-library sub-tables (the GPU part's section then takes the attention constant too), to show
-what the per-library constant buys.
+the model does on the held-out set (other runs, other sources). Takes a few minutes per scheme; ``--compare``
+also scores the alternatives the shipped ``part`` scheme was chosen against (``meshplan.calibrate.fit.SCHEMES``): a
+kernel-library sub-table for the attention constant (``[hopper.pytorch]``, the GPU part keeping only its GEMM
+constants), and one section per generation (no part section).
 
 Usage: python benchmarks/bench_cross_validation.py [runs.csv] [--compare]"""
 
@@ -12,7 +13,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from meshplan.calibrate.fit import fit
+from meshplan.calibrate.fit import SCHEMES, fit
 from meshplan.calibrate.runs import load_runs
 from meshplan.cost.estimate import estimate
 
@@ -24,19 +25,19 @@ def _error(run, table) -> float:
     return abs(pred / run.measured_s - 1) * 100
 
 
-def cross_validate(runs, *, library_sections: bool) -> None:
+def cross_validate(runs, *, scheme: str) -> None:
     """Print the per-source table and the totals for one fit configuration."""
     groups = defaultdict(list)
     for r in runs:
         groups[r.id.split("-")[0]].append(r)
-    full = fit(runs, library_sections=library_sections)
+    full = fit(runs, scheme=scheme)
     inside = [_error(r, full) for r in runs]
     held = []
-    print(f"\nkernel-library sub-tables: {'on' if library_sections else 'off'}")
+    print(f"\ncalibration scheme: {scheme}")
     print("| left-out source | runs | median abs. error | max abs. error |")
     print("|---|---:|---:|---:|")
     for name, rows in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        table = fit([r for r in runs if r.id.split("-")[0] != name], library_sections=library_sections)
+        table = fit([r for r in runs if r.id.split("-")[0] != name], scheme=scheme)
         errs = [_error(r, table) for r in rows]
         held += errs
         print(f"| {name} | {len(rows)} | {statistics.median(errs):.1f} % | {max(errs):.1f} % |", flush=True)
@@ -49,9 +50,8 @@ def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     path = args[0] if args else str(ROOT.parent / "shared/validation/runs_visible.csv")
     runs, _ = load_runs(path)
-    cross_validate(runs, library_sections=True)
-    if "--compare" in sys.argv:
-        cross_validate(runs, library_sections=False)
+    for scheme in SCHEMES if "--compare" in sys.argv else SCHEMES[:1]:
+        cross_validate(runs, scheme=scheme)
 
 
 if __name__ == "__main__":

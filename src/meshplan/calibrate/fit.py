@@ -21,10 +21,11 @@ SHARED_FIELDS = ("moe_eff",)
 REFERENCE_LIBRARY = "nvidia"
 """A generation's section is fitted on its runs of NVIDIA's kernels (Megatron, Transformer Engine, cuDNN)."""
 LIBRARY_FIELDS = ("attn_eff",)
-"""What another kernel library changes, in a sub-table of the generation (``[hopper.pytorch]``): its attention
+"""What another kernel library would change, in a sub-table of the generation (``[hopper.pytorch]``): its attention
 kernel (torch's scaled_dot_product_attention, FlashAttention-2 on Hopper, against Transformer Engine's cuDNN fused
-attention); its GEMMs are cuBLAS either way."""
-PART_SECTIONS = {"h100-hbm2e-96gb": ("gemm_eff", "fp8_eff")}
+attention); its GEMMs are cuBLAS either way. Only under the ``library`` scheme: leave-one-source-out does not
+support it on the visible runs (``benchmarks/bench_cross_validation.py --compare``)."""
+PART_SECTIONS = {"h100-hbm2e-96gb": ("gemm_eff", "fp8_eff")}  # plus LIBRARY_FIELDS unless the scheme is "library"
 """GPU parts whose sustained peak is not documented (Meta's Grand Teton H100 with HBM2e at a 500 W cap: the dataset
 and the torchtitan benchmark document give only 'between SXM and NVL'), with the peak-bound constants fitted for
 the part, pulled toward its generation's."""
@@ -40,16 +41,23 @@ class Section:
     parent: tuple[str, ...] = ()
 
 
-def sections_of(run: Run, *, library_sections: bool = True) -> list[Section]:
-    """The sections a run's constants come from besides its generation's: its kernel library's sub-table (if not
-    the reference) and its GPU part's section (if listed). A run with none informs its generation's section."""
+SCHEMES = ("part", "library", "generation")
+"""How runs are split into sections: ``part`` (shipped) gives a listed GPU part all three peak-bound constants;
+``library`` gives a non-reference kernel library its own attention constant and the part only its GEMM ones;
+``generation`` fits one section per generation. ``benchmarks/bench_cross_validation.py --compare`` scores each."""
+
+
+def sections_of(run: Run, *, scheme: str = "part") -> list[Section]:
+    """The sections a run's constants come from besides its generation's, under ``scheme``: its kernel library's
+    sub-table and its GPU part's section. A run with none informs its generation's section."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"calibration scheme {scheme!r}: expected one of {', '.join(SCHEMES)}")
     gen, lib, part = run.cluster.gpu.generation, run.framework.kernel_library, run.cluster.gpu.name
     out = []
-    if library_sections and lib != REFERENCE_LIBRARY:
+    if scheme == "library" and lib != REFERENCE_LIBRARY:
         out.append(Section(key=(gen, lib), fields=LIBRARY_FIELDS, parent=(gen,)))
-    if part in PART_SECTIONS:
-        # Without library sub-tables the part's section also takes the attention constant (the table before them).
-        fields = PART_SECTIONS[part] + (() if library_sections else LIBRARY_FIELDS)
+    if scheme != "generation" and part in PART_SECTIONS:
+        fields = PART_SECTIONS[part] + (() if scheme == "library" else LIBRARY_FIELDS)
         out.append(Section(key=(part,), fields=fields, parent=(gen,)))
     return out
 
@@ -122,7 +130,7 @@ def fit_section(runs: list[Run], section: Section, table: dict, *, prior: float,
     return values
 
 
-def fit(runs: list[Run], *, prior: float = 0.02, library_sections: bool = True) -> dict[str, dict]:
+def fit(runs: list[Run], *, prior: float = 0.02, scheme: str = "part") -> dict[str, dict]:
     """Fitted table ``{generation: {constant: value, library: {constant: value}}, part: {...}, "default": {...}}``
     for every section that has runs: a generation's from its runs that no other section covers (all of its runs
     when every one is covered), then the library sub-tables and part sections from theirs, twice around."""
@@ -130,7 +138,7 @@ def fit(runs: list[Run], *, prior: float = 0.02, library_sections: bool = True) 
     gens: dict[str, list[Run]] = {}
     clean: dict[str, list[Run]] = {}
     for r in runs:
-        extra = sections_of(r, library_sections=library_sections)
+        extra = sections_of(r, scheme=scheme)
         gens.setdefault(r.cluster.gpu.generation, []).append(r)
         if not extra:
             clean.setdefault(r.cluster.gpu.generation, []).append(r)

@@ -1,0 +1,48 @@
+"""The fitted constants: where each run's constants come from, and that the shipped table is the script's output."""
+
+import tomllib
+from importlib import resources
+
+import pytest
+
+from meshplan.calibrate.fit import SCHEMES, fit, sections_of
+from meshplan.calibrate.runs import load_runs
+from meshplan.cost.calib import calibration_for
+
+
+@pytest.fixture(scope="module")
+def runs(runs_csv):
+    return load_runs(str(runs_csv))[0]
+
+
+def _by_id(runs, prefix):
+    return next(r for r in runs if r.id.startswith(prefix))
+
+
+def test_sections_under_each_scheme(runs):
+    part_row = _by_id(runs, "tt2412-")  # torchtitan on Meta's HBM2e H100
+    megatron_h100 = _by_id(runs, "dgxc-")
+    assert [(s.key, s.fields) for s in sections_of(part_row, scheme="part")] == [
+        (("h100-hbm2e-96gb",), ("gemm_eff", "fp8_eff", "attn_eff"))]
+    assert [(s.key, s.fields, s.parent) for s in sections_of(part_row, scheme="library")] == [
+        (("hopper", "pytorch"), ("attn_eff",), ("hopper",)),
+        (("h100-hbm2e-96gb",), ("gemm_eff", "fp8_eff"), ("hopper",))]
+    assert sections_of(part_row, scheme="generation") == []
+    assert all(sections_of(megatron_h100, scheme=s) == [] for s in SCHEMES)
+    with pytest.raises(ValueError, match="expected one of part, library, generation"):
+        sections_of(part_row, scheme="per-row")
+
+
+def test_library_sub_table_sits_between_generation_and_part():
+    table = {"hopper": {"attn_eff": 0.3, "gemm_eff": 0.7, "pytorch": {"attn_eff": 0.25}},
+             "h100-hbm2e-96gb": {"gemm_eff": 0.6}}
+    assert calibration_for("h100-sxm", "hopper", table).attn_eff == 0.3
+    assert calibration_for("h100-sxm", "hopper", table, library="pytorch").attn_eff == 0.25
+    part = calibration_for("h100-hbm2e-96gb", "hopper", table, library="pytorch")
+    assert (part.gemm_eff, part.attn_eff) == (0.6, 0.25)
+
+
+def test_shipped_constants_are_the_fit_of_the_visible_runs(runs):
+    # constants.toml is written by scripts/fit_calibration.py, never by hand: refitting reproduces it.
+    shipped = tomllib.loads(resources.files("meshplan.calibrate").joinpath("constants.toml").read_text())
+    assert fit(runs) == shipped
