@@ -3,12 +3,12 @@
 from meshplan.spec.cluster import ClusterSpec, GroupLink, NetworkLevel, Pool, group_link
 from meshplan.spec.hardware import GPUSpec, PeakFlops
 from meshplan.spec.model import (
-           AttentionSpec,
-           BlockSpec,
-           LayerSpec,
-           ModelSpec,
-           MoESpec,
-           decoder_model,
+    AttentionSpec,
+    BlockSpec,
+    LayerSpec,
+    ModelSpec,
+    MoESpec,
+    decoder_model,
 )
 from meshplan.spec.plan import Plan
 
