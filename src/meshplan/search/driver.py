@@ -36,15 +36,15 @@ def search(model: ModelSpec, cluster: ClusterSpec, request: SearchRequest, *, ca
     heap = _bounded_groups(ev)
     done, seen = 0, set()
     while heap:
-        lb, _, _, var, g, cap, plan = heappop(heap)
+        lb, _, vi, g, cap, plan = heappop(heap)
         if not request.exhaustive and lb >= ev.front.best_key():
             ev.tally.pruned["bound"] += (1 if plan is not None else len(g.pipelines)) + \
-                sum(1 if it[6] is not None else len(it[4].pipelines) for it in heap)
+                sum(1 if it[5] is not None else len(it[3].pipelines) for it in heap)
             break
         if plan is None:
-            _expand(ev, heap, var, g, cap, seen)
+            _expand(ev, heap, vi, g, cap, seen)
             continue
-        ladder(ev, var, plan)
+        ladder(ev, space.variants[vi], plan)
         done += 1
         if progress and done % 32 == 0:
             progress(done, done + len(heap))
@@ -53,16 +53,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, request: SearchRequest, *, ca
     return finish(space, ev.tally, ev.front.plans, t0=t0, lean=_leanest(ev) if not ev.front.plans else None)
 
 
-def _index(space: SearchSpace, variant: ClusterSpec) -> int:
-    """The variant's place in the space: the heap's last tie-break, so equal bounds pop in enumeration order."""
-    return next(i for i, v in enumerate(space.variants) if v is variant)
-
-
 def _bounded_groups(ev: Evaluation) -> list:
-    """A heap of every group of leaves by its bound; groups that cannot fit are counted and left out."""
+    """A heap of every group of leaves by its bound, ``(bound, tie-break, variant index, group, capacity, leaf)``
+    (leaf None for a group; equal bounds pop in enumeration order); groups that cannot fit are counted and left
+    out."""
     space, tally = ev.space, ev.tally
     heap: list = []
-    for var, g, cap in space.groups(tally.pruned):
+    for vi, g, cap in space.groups(tally.pruned):
+        var = space.variants[vi]
         n = len(g.pipelines)
         tally.considered += n
         plan = leaf_plan(g.base._replace(schedule="1f1b" if g.base.deg.pp > 1 else ""), space.request)
@@ -71,21 +69,22 @@ def _bounded_groups(ev: Evaluation) -> list:
         if lb is None:
             tally.pruned["memory (lower bound)"] += n
             continue
-        heappush(heap, (lb, len(heap), _index(space, var), var, g, cap, None))
+        heappush(heap, (lb, len(heap), vi, g, cap, None))
     tally.considered += sum(tally.pruned.values())
     return heap
 
 
-def _expand(ev: Evaluation, heap: list, var: ClusterSpec, g, cap: float, seen: set) -> None:
+def _expand(ev: Evaluation, heap: list, vi: int, g, cap: float, seen: set) -> None:
     """Bound each leaf of a popped group and queue the promising ones (and its batch-shares twin)."""
     space, cache, tally = ev.space, ev.cache, ev.tally
+    var = space.variants[vi]
     for sched, vpp in g.pipelines:
         plan = leaf_plan(g.base._replace(schedule=sched, vpp=vpp), space.request)
         lb = prune.leaf_bound(space, cache, var, plan, cap)
         if lb is None:
             tally.pruned["memory (lower bound)"] += 1
             continue
-        heappush(heap, (lb, len(heap) + 1_000_000_000, _index(space, var), var, g, cap, plan))
+        heappush(heap, (lb, len(heap) + 1_000_000_000, vi, g, cap, plan))
         shared = cache.shares_plan(var, plan)
         if shared is None or shared in seen:
             continue
@@ -95,7 +94,7 @@ def _expand(ev: Evaluation, heap: list, var: ClusterSpec, g, cap: float, seen: s
             tally.pruned["memory (lower bound)"] += 1
             continue
         tally.considered += 1
-        heappush(heap, (lb, len(heap) + 1_000_000_000, _index(space, var), var, g, cap, shared))
+        heappush(heap, (lb, len(heap) + 1_000_000_000, vi, g, cap, shared))
 
 
 def _leanest(ev: Evaluation) -> RankedPlan | None:

@@ -59,13 +59,14 @@ class SearchSpace:
                            shares=shares)
 
     def groups(self, pruned: Counter):
-        """(variant, group, capacity) for every group of every variant, options left out counted in ``pruned``."""
-        for var in self.variants:
+        """(variant index, group, capacity) for every group of every variant, options left out counted in
+        ``pruned``."""
+        for vi, var in enumerate(self.variants):
             node = min(p.gpus_per_node for p in var.pools)
             cap = max(self.request.max_memory_fraction * p.gpu.hbm_bytes for p in var.pools)
             for deg in degree_tuples(self.model, var, self.request, pruned):
                 for g in groups(self.model, deg, self.request, node=node, pruned=pruned):
-                    yield var, g, cap
+                    yield vi, g, cap
 
     def limits(self, variant: ClusterSpec, plan: Plan) -> list[float]:
         """Memory limit of each pipeline rank (bytes)."""
