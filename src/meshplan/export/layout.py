@@ -5,6 +5,7 @@ from __future__ import annotations
 from meshplan.spec.checks import layer_split
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
+from meshplan.spec.schedules import is_csv
 
 
 def stage_layers(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
@@ -32,7 +33,7 @@ def first_last_split(split: tuple[int, ...]) -> tuple[int, int] | None:
 
 def is_csv_schedule(plan: Plan) -> bool:
     """The plan's schedule is a torch.distributed.pipelining custom-schedule CSV file."""
-    return plan.schedule_name.lower().endswith(".csv")
+    return is_csv(plan.schedule_name)
 
 
 def moe_first_dense(model: ModelSpec) -> int:

@@ -157,7 +157,7 @@ def stack_violations(plan: Plan, stack: FrameworkProfile) -> list[str]:
         out.append(f"cp={plan.cp} with cp_kind={plan.cp_kind}: {name} runs context parallelism of kinds: {kinds}")
     if plan.ep > 1 and not stack.expert_parallel:
         out.append(f"ep={plan.ep}: {name} has no expert parallelism")
-    if plan.pp > 1 and plan.schedule_name not in stack.schedules and not plan.schedule_name.endswith(".csv"):
+    if plan.pp > 1 and plan.schedule_name not in stack.schedules and not is_csv(plan.schedule_name):
         scheds = ", ".join(stack.schedules) or "none (no pipeline parallelism)"
         out.append(f"schedule {plan.schedule_name}: {name} runs the pipeline schedules {scheds}")
     if plan.zero and stack.sharding == "none":

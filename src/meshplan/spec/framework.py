@@ -26,10 +26,10 @@ BEHAVIOUR_FIELDS = ("kernel_library", "fused_kernels", "eager_dtensor", "flash_a
                     "overlap_grad_reduce", "overlap_param_gather", "accumulate_unsharded_grads", "tp_comm_overlap",
                     "tp_comm_overlap_supported", "selective_policy", "fused_optimizer", "grad_dtype",
                     "optimizer_dtype", "default_micro_batch")
+"""The fields that change a prediction (a recipe or a CLI flag may override them); the rest describe the preset."""
 CAPABILITY_FIELDS = ("tensor_parallel", "context_parallel", "expert_parallel", "schedules", "max_zero_with_pp",
                      "recompute_modes")
 """What layouts the stack can run at all: the search stays inside them and a plan outside them is refused."""
-"""The fields that change a prediction (a recipe or a CLI flag may override them); the rest describe the preset."""
 
 
 @dataclass(frozen=True, kw_only=True)
