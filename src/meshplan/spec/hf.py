@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from meshplan.errors import SpecError
-from meshplan.spec.model import ModelSpec, MoESpec, decoder_model
+from meshplan.spec.model import ROPE_SCALINGS, ModelSpec, MoESpec, decoder_model
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt2",
              "gpt_neox")
@@ -16,15 +16,36 @@ def _req(cfg: dict, *keys: str):
     raise SpecError(f"config.{keys[0]}", None, f"is required for model_type {cfg.get('model_type')!r}")
 
 
+def _rope(cfg: dict) -> dict:
+    """RoPE base and scaling (transformers ``modeling_rope_utils``: ``rope_type`` or the older ``type``)."""
+    scaling = cfg.get("rope_scaling") or {}
+    kind = scaling.get("rope_type") or scaling.get("type") or "none"
+    if kind not in ROPE_SCALINGS:
+        raise SpecError("config.rope_scaling.rope_type", kind, f"supported: {', '.join(ROPE_SCALINGS)}")
+    out = {"rope_theta": float(cfg.get("rope_theta", 10000.0))}
+    if kind != "none":
+        out |= {"rope_scaling": kind, "rope_scaling_factor": float(scaling.get("factor", 1.0)),
+                "rope_mscale": float(scaling.get("mscale", 1.0))}
+    return out
+
+
+def _common(cfg: dict) -> dict:
+    """Facts every decoder config states the same way: RoPE, norm epsilon, dropout, tied embeddings."""
+    return {**_rope(cfg), "norm_eps": float(cfg.get("rms_norm_eps", 1e-5)),
+            "dropout": float(cfg.get("attention_dropout", 0.0) or 0.0),
+            "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+            "max_seq_len": int(cfg.get("max_position_embeddings", 0) or 0)}
+
+
 def _llama_like(cfg: dict, name: str, family: str) -> ModelSpec:
     hidden = _req(cfg, "hidden_size")
     heads = _req(cfg, "num_attention_heads")
+    # Qwen2 (and Qwen2-MoE) biases q/k/v only (HF Qwen2Attention); Qwen3 normalizes q and k per head.
     kw = dict(name=name, family=family, n_layers=_req(cfg, "num_hidden_layers"), hidden=hidden, n_heads=heads,
               n_kv_heads=cfg.get("num_key_value_heads") or heads, ffn_hidden=_req(cfg, "intermediate_size"),
               vocab=_req(cfg, "vocab_size"), head_dim=cfg.get("head_dim") or hidden // heads,
-              activation="swiglu", norm="rmsnorm", position="rope",
-              tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-              max_seq_len=int(cfg.get("max_position_embeddings", 0) or 0))
+              activation="swiglu", norm="rmsnorm", position="rope", qkv_bias=family in ("qwen2", "qwen2_moe"),
+              qk_norm=family in ("qwen3", "qwen3_moe"), **_common(cfg))
     return decoder_model(**kw)
 
 
@@ -35,23 +56,46 @@ def _moe(cfg: dict, name: str, family: str, **extra) -> ModelSpec:
                   expert_ffn_hidden=cfg.get("moe_intermediate_size") or _req(cfg, "intermediate_size"),
                   n_shared_experts=int(cfg.get("n_shared_experts") or (1 if cfg.get("shared_expert_intermediate_size")
                                                                          else 0)),
-                  shared_ffn_hidden=int(cfg.get("shared_expert_intermediate_size") or 0))
+                  shared_ffn_hidden=int(cfg.get("shared_expert_intermediate_size") or 0), **_router(cfg))
     base = _llama_like(cfg, name, family)
     att = base.decoder.attention
     first_dense = int(cfg.get("first_k_dense_replace", 0) or 0)
+    extra.setdefault("qkv_bias", att.qkv_bias)
+    extra.setdefault("qk_norm", att.qk_norm)
     return decoder_model(name=name, family=family, n_layers=base.n_layers, hidden=base.hidden, n_heads=att.n_heads,
                          n_kv_heads=att.n_kv_heads, head_dim=att.head_dim, ffn_hidden=moe.expert_ffn_hidden,
                          dense_ffn_hidden=_req(cfg, "intermediate_size"), first_dense=first_dense, moe=moe,
-                         vocab=base.vocab, tied_embeddings=base.tied_embeddings, max_seq_len=base.max_seq_len,
-                         **extra)
+                         vocab=base.vocab, **_common(cfg), **extra)
+
+
+def _router(cfg: dict) -> dict:
+    """Router facts: Mixtral/Qwen-MoE ``router_aux_loss_coef``; DeepSeek-V3 ``scoring_func``, ``topk_method``
+    ("noaux_tc": expert bias), ``routed_scaling_factor``, ``n_group``/``topk_group``, ``aux_loss_alpha`` with
+    ``seq_aux`` (transformers ``DeepseekV3Config``)."""
+    out = {"aux_loss_coeff": float(cfg.get("router_aux_loss_coef", cfg.get("aux_loss_alpha", 0.0)) or 0.0)}
+    if cfg.get("seq_aux"):
+        out["balance_loss"] = "seq_aux_loss"
+    if cfg.get("scoring_func") == "sigmoid":
+        out["router_score"] = "sigmoid"
+    if cfg.get("topk_method") == "noaux_tc":
+        # DeepSeek-V3 sec. 4.2: bias update speed 0.001 (the config does not carry it)
+        out |= {"router_expert_bias": True, "router_bias_update_rate": 1e-3}
+    if cfg.get("n_group", 1) > 1:
+        out |= {"router_groups": int(cfg["n_group"]), "router_group_topk": int(cfg.get("topk_group") or 1)}
+    out["router_topk_scale"] = float(cfg.get("routed_scaling_factor", 1.0) or 1.0)
+    return out
 
 
 def _deepseek(cfg: dict, name: str) -> ModelSpec:
     # MLA: the non-RoPE query/key part is the head_dim; RoPE and value widths are separate fields.
+    # MLA normalizes its compressed latents (HF DeepseekV3Attention q_a_layernorm, kv_a_layernorm); the config's
+    # num_nextn_predict_layers multi-token-prediction modules follow the last layer (DeepSeek-V3 sec. 2.2).
     cfg = {**cfg, "head_dim": _req(cfg, "qk_nope_head_dim")}
-    return _moe(cfg, name, "deepseek_v3", attention_kind="mla", q_lora_rank=int(cfg.get("q_lora_rank") or 0),
-                kv_lora_rank=_req(cfg, "kv_lora_rank"), qk_rope_head_dim=_req(cfg, "qk_rope_head_dim"),
-                v_head_dim=_req(cfg, "v_head_dim"))
+    model = _moe(cfg, name, "deepseek_v3", attention_kind="mla", q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+                 kv_lora_rank=_req(cfg, "kv_lora_rank"), qk_rope_head_dim=_req(cfg, "qk_rope_head_dim"),
+                 v_head_dim=_req(cfg, "v_head_dim"), qk_norm=True)
+    mtp = int(cfg.get("num_nextn_predict_layers", 0) or 0)
+    return model.with_mtp(mtp) if mtp else model
 
 
 def _gpt2(cfg: dict, name: str) -> ModelSpec:
@@ -61,7 +105,9 @@ def _gpt2(cfg: dict, name: str) -> ModelSpec:
                          n_kv_heads=_req(cfg, "n_head", "num_attention_heads"),
                          ffn_hidden=cfg.get("n_inner") or 4 * hidden, vocab=_req(cfg, "vocab_size"),
                          activation="gelu", norm="layernorm", bias=True, tied_embeddings=True, position="learned",
-                         max_seq_len=int(cfg.get("n_positions", 1024)))
+                         max_seq_len=int(cfg.get("n_positions", 1024)),
+                         norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+                         dropout=float(cfg.get("resid_pdrop", 0.1)))
 
 
 def _neox(cfg: dict, name: str) -> ModelSpec:
@@ -70,7 +116,10 @@ def _neox(cfg: dict, name: str) -> ModelSpec:
                          hidden=_req(cfg, "hidden_size"), n_heads=heads, n_kv_heads=heads,
                          ffn_hidden=_req(cfg, "intermediate_size"), vocab=_req(cfg, "vocab_size"), activation="gelu",
                          norm="layernorm", bias=True, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                         position="rope", max_seq_len=int(cfg.get("max_position_embeddings", 0) or 0))
+                         position="rope", max_seq_len=int(cfg.get("max_position_embeddings", 0) or 0),
+                         rope_theta=float(cfg.get("rotary_emb_base", 10000.0)),
+                         norm_eps=float(cfg.get("layer_norm_eps", 1e-5)),
+                         dropout=float(cfg.get("hidden_dropout", 0.0) or 0.0))
 
 
 def model_from_hf(cfg: dict, *, name: str = "hf-model") -> ModelSpec:

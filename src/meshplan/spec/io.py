@@ -133,7 +133,8 @@ def _blocks(v: list, where: str) -> tuple[BlockSpec, ...]:
 _SHORT_MODEL_KEYS = {"name", "n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab", "head_dim",
                      "activation", "norm", "bias", "tied_embeddings", "position", "family", "max_seq_len", "moe",
                      "first_dense", "dense_ffn_hidden", "attention_kind", "q_lora_rank", "kv_lora_rank",
-                     "qk_rope_head_dim", "v_head_dim"}
+                     "qk_rope_head_dim", "v_head_dim", "qkv_bias", "qk_norm", "norm_eps", "rope_theta", "rope_scaling",
+                     "rope_scaling_factor", "rope_mscale", "dropout"}
 
 
 def model_from_dict(d: dict, where: str = "model") -> ModelSpec:

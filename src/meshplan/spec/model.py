@@ -7,7 +7,7 @@ sample), a projector block (MLP only) and a decoder block.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshplan.errors import SpecError
 
@@ -16,6 +16,9 @@ GATED = ("swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 ATTENTION_KINDS = ("gqa", "mla")
 POSITIONS = ("rope", "learned", "alibi", "none")
+ROPE_SCALINGS = ("none", "llama3", "yarn")
+ROUTER_SCORES = ("softmax", "sigmoid")
+BALANCE_LOSSES = ("none", "aux_loss", "seq_aux_loss")
 
 
 def _positive(field_name: str, value: int) -> None:
@@ -50,6 +53,13 @@ class AttentionSpec:
     """MLA: decoupled RoPE part of each query/key head (head_dim is the non-RoPE part)."""
     v_head_dim: int = 0
     """Value head width; 0 means head_dim."""
+    qkv_bias: bool = False
+    """The query, key and value projections carry biases while the other linears do not (Qwen2/Qwen2.5: HF
+    ``Qwen2Attention`` builds q_proj, k_proj, v_proj with ``bias=True``)."""
+    qk_norm: bool = False
+    """RMSNorm on queries and keys before the attention core: Qwen3's per-head ``q_norm``/``k_norm`` (HF
+    ``Qwen3Attention``); under MLA the norms of the compressed query and key/value latents (HF
+    ``DeepseekV3Attention`` ``q_a_layernorm``/``kv_a_layernorm``)."""
 
     def __post_init__(self) -> None:
         _positive("attention.n_heads", self.n_heads)
@@ -89,6 +99,25 @@ class MoESpec:
     """Width of one shared expert; 0 means expert_ffn_hidden."""
     capacity_factor: float = 0.0
     """Token capacity per expert relative to balanced load; 0 means dropless (no padding)."""
+    router_score: str = "softmax"
+    """Router score function: ``softmax`` (Mixtral, Qwen-MoE) or ``sigmoid`` (DeepSeek-V3 sec. 2.1.2; HF
+    ``scoring_func``)."""
+    router_expert_bias: bool = False
+    """Auxiliary-loss-free balancing: a per-expert bias added to the scores for the top-k choice only
+    (DeepSeek-V3 sec. 2.1.2; HF ``topk_method = "noaux_tc"``, ``e_score_correction_bias``)."""
+    router_bias_update_rate: float = 0.0
+    """Step by which that bias moves per update (DeepSeek-V3 sec. 4.2: gamma = 0.001); 0 without a bias."""
+    router_topk_scale: float = 1.0
+    """Factor on the routed experts' combined weights (HF DeepSeek-V3 ``routed_scaling_factor``: 2.5)."""
+    router_groups: int = 0
+    """Expert groups of group-limited routing (HF ``n_group``; DeepSeek-V3: 8); 0 = no grouping."""
+    router_group_topk: int = 0
+    """Groups one token may route into (HF ``topk_group``; DeepSeek-V3: 4)."""
+    balance_loss: str = "aux_loss"
+    """Load-balancing loss: ``aux_loss`` (per micro-batch, Switch Transformer eq. 4), ``seq_aux_loss`` (per
+    sequence, DeepSeek-V3 eq. 17-20) or ``none``."""
+    aux_loss_coeff: float = 0.0
+    """Weight of that loss (HF ``router_aux_loss_coef``; DeepSeek-V3 sec. 4.2: alpha = 0.0001)."""
 
     def __post_init__(self) -> None:
         _positive("moe.n_experts", self.n_experts)
@@ -98,6 +127,12 @@ class MoESpec:
             raise SpecError("moe.top_k", self.top_k, f"must be <= n_experts={self.n_experts}")
         if self.capacity_factor < 0:
             raise SpecError("moe.capacity_factor", self.capacity_factor, "must be >= 0 (0 = dropless)")
+        _member("moe.router_score", self.router_score, ROUTER_SCORES)
+        _member("moe.balance_loss", self.balance_loss, BALANCE_LOSSES)
+        if self.router_groups and (self.n_experts % self.router_groups
+                                   or not 0 < self.router_group_topk <= self.router_groups):
+            raise SpecError("moe.router_groups", self.router_groups,
+                            f"must divide n_experts={self.n_experts} and be >= router_group_topk >= 1")
 
     @property
     def shared_width(self) -> int:
@@ -125,6 +160,8 @@ class LayerSpec:
     """Linear layers carry biases (GPT-2/3 style)."""
     in_hidden: int = 0
     """Input width when it differs from hidden (a projector from a vision width); 0 means hidden."""
+    norm_eps: float = 1e-5
+    """Epsilon of the layer's norms (HF ``rms_norm_eps`` / ``layer_norm_epsilon``; Megatron's default 1e-5)."""
 
     def __post_init__(self) -> None:
         _positive("layer.hidden", self.hidden)
@@ -174,10 +211,28 @@ class ModelSpec:
     """Largest sequence length the model supports (0 = unbounded); learned positions need it."""
     family: str = "llama"
     """Family name used by the runtime registry of model builders."""
+    rope_theta: float = 10000.0
+    """RoPE base (HF ``rope_theta``: Llama 3 500000, Mixtral and Qwen2.5 1e6, DeepSeek-V3 10000)."""
+    rope_scaling: str = "none"
+    """RoPE frequency scaling: ``none``; ``llama3`` (Llama 3.1/3.2, HF ``rope_type = "llama3"``: low/high
+    frequency factors 1 and 4 over 8192 original positions); ``yarn`` (DeepSeek-V2/V3: YaRN over 4096 original
+    positions, beta_fast 32, beta_slow 1)."""
+    rope_scaling_factor: float = 1.0
+    """Factor of ``rope_scaling`` (Llama 3.1: 8, Llama 3.2: 32, DeepSeek-V3: 40)."""
+    rope_mscale: float = 1.0
+    """YaRN attention-scale coefficient, HF ``rope_scaling.mscale`` = ``mscale_all_dim`` (DeepSeek-V3: 1.0)."""
+    dropout: float = 0.0
+    """Training dropout on attention probabilities and residual branches (HF ``attention_dropout``; 0 for
+    Llama, Mixtral, Qwen and DeepSeek)."""
 
     def __post_init__(self) -> None:
         _positive("model.vocab", self.vocab)
         _member("model.position", self.position, POSITIONS)
+        _member("model.rope_scaling", self.rope_scaling, ROPE_SCALINGS)
+        if self.rope_theta <= 0 or self.rope_scaling_factor <= 0:
+            raise SpecError("model.rope_theta", (self.rope_theta, self.rope_scaling_factor), "must be positive")
+        if not 0 <= self.dropout < 1:
+            raise SpecError("model.dropout", self.dropout, "must be in [0, 1)")
         if not self.blocks:
             raise SpecError("model.blocks", self.blocks, "a model needs at least one block")
 
@@ -205,17 +260,26 @@ class ModelSpec:
         """Any block uses experts."""
         return any(b.layer.moe is not None for b in self.blocks)
 
+    def with_mtp(self, depth: int) -> "ModelSpec":
+        """The model plus ``depth`` multi-token-prediction modules (DeepSeek-V3 sec. 2.2): each is one more
+        layer of the last block whose input projection maps [norm(embedding); norm(hidden)] (2h) to h."""
+        last = self.blocks[-1]
+        layer = replace(last.layer, in_hidden=2 * last.layer.hidden)
+        return replace(self, blocks=self.blocks + (BlockSpec(name="mtp", n_layers=depth, layer=layer),))
+
 
 def decoder_model(*, name: str, n_layers: int, hidden: int, n_heads: int, n_kv_heads: int, ffn_hidden: int,
                   vocab: int, **kw) -> ModelSpec:
-    """Convenience builder for a single-block decoder (keyword options: head_dim, activation, norm, bias,
-    tied_embeddings, position, family, moe, first_dense, dense_ffn_hidden, attention_kind, mla ranks)."""
+    """Convenience builder for a single-block decoder (keyword options: head_dim, activation, norm, norm_eps,
+    bias, qkv_bias, qk_norm, moe, first_dense, dense_ffn_hidden, attention_kind, mla ranks, and ModelSpec's
+    own fields)."""
     head_dim = kw.pop("head_dim", 0) or hidden // n_heads
     att = AttentionSpec(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
                         kind=kw.pop("attention_kind", "gqa"), q_lora_rank=kw.pop("q_lora_rank", 0),
                         kv_lora_rank=kw.pop("kv_lora_rank", 0), qk_rope_head_dim=kw.pop("qk_rope_head_dim", 0),
-                        v_head_dim=kw.pop("v_head_dim", 0))
-    layer_kw = {k: kw.pop(k) for k in ("activation", "norm", "bias") if k in kw}
+                        v_head_dim=kw.pop("v_head_dim", 0), qkv_bias=kw.pop("qkv_bias", False),
+                        qk_norm=kw.pop("qk_norm", False))
+    layer_kw = {k: kw.pop(k) for k in ("activation", "norm", "norm_eps", "bias") if k in kw}
     moe: MoESpec | None = kw.pop("moe", None)
     first_dense = kw.pop("first_dense", 0)
     dense_ffn = kw.pop("dense_ffn_hidden", 0) or ffn_hidden
