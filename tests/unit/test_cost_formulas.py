@@ -297,3 +297,37 @@ def test_hsdp_shards_experts_in_proportion_to_dense(dp_shard, expert_group):
     assert owned_params(plan, dense=dense, expert=expert) == pytest.approx(
         dense / (dp_shard or 16) + expert / expert_group, rel=1e-12)
     assert owned_params(plan.with_(zero=0, dp_shard=0), dense=dense, expert=expert) == dense + expert
+
+
+def test_zero2_reduce_scatters_every_micro_batch():
+    """ZeRO-2 keeps gradients sharded while they accumulate, so each of the 4 micro-batches reduce-scatters its
+    gradients (Megatron-FSDP optim_grads, DeepSpeed ZeRO-2); ZeRO-1 reduces once per step. Without overlap the
+    step pays 4 reduce-scatters plus one parameter all-gather; a stack that accumulates FSDP2 gradients unsharded
+    (meshplan's runtime) reduces once, and its memory holds the whole gradients instead."""
+    from meshplan.cost.comm import collective_time
+    from meshplan.cost.dp import ddp_cost
+    from meshplan.cost.memory import sharded_state
+    from meshplan.spec.calibration import Calibration
+    from meshplan.spec.cluster import GroupLink
+
+    calib = Calibration(sync_s=0.0)
+    link = GroupLink(level="fabric", bandwidth=25e9, latency=8e-6)
+    links = type("L", (), {"dp_shard": link, "dp": link, "dp_replicate": link})()
+    plan = Plan(global_batch=64, seq_len=2048, micro_batch=1, dp=16, zero=2)
+    assert plan.n_micro == 4
+    blocking = MEGATRON.with_(overlap_grad_reduce=False, overlap_param_gather=False)
+    rs = collective_time("reduce_scatter", 1e9 * 4.0, size=16, link=link, calib=calib)
+    ag = collective_time("all_gather", 1e9 * 2.0, size=16, link=link, calib=calib)
+    z2 = ddp_cost(1e9, 0.0, plan=plan, stack=blocking, links=links, calib=calib, fwd=1.0, bwd=2.0)
+    assert z2.per_micro_bwd == pytest.approx(rs) and z2.per_step == pytest.approx(ag)
+    assert z2.total_traffic == pytest.approx(4 * rs + ag)
+    z1 = ddp_cost(1e9, 0.0, plan=plan.with_(zero=1), stack=blocking, links=links, calib=calib, fwd=1.0, bwd=2.0)
+    assert z1.per_micro_bwd == 0.0 and z1.per_step == pytest.approx(rs + ag)
+    unsharded = catalog.framework("meshplan").with_(overlap_grad_reduce=False, overlap_param_gather=False)
+    once = ddp_cost(1e9, 0.0, plan=plan, stack=unsharded, links=links, calib=calib, fwd=1.0, bwd=2.0)
+    assert once.per_micro_bwd == 0.0
+    # One micro-batch: nothing to accumulate, one reduction either way.
+    single = plan.with_(global_batch=16)
+    assert ddp_cost(1e9, 0.0, plan=single, stack=blocking, links=links, calib=calib, fwd=1.0,
+                    bwd=2.0).per_micro_bwd == 0.0
+    assert sharded_state(plan, blocking, dense=1e9, expert=0.0)[1] == pytest.approx(1e9 * 4.0 / 16)

@@ -332,7 +332,7 @@ def test_uneven_batch_shares_are_an_approximation_everywhere(tmp_path, capsys):
     from meshplan.spec.io import plan_file_text
     from meshplan.spec.plan import Plan
 
-    plan = Plan(global_batch=24, seq_len=2048, micro_batch=1, dp=16, zero=1, rank_order="tp-cp-ep-pp-dp",
+    plan = Plan(global_batch=24, seq_len=2048, micro_batch=1, dp=16, rank_order="tp-cp-ep-pp-dp",
                 batch_shares=(1, 2))
     path = tmp_path / "shares.toml"
     path.write_text(plan_file_text(plan, model="llama3-8b", gpus="8xa100-80gb+8xh100-sxm"))

@@ -250,8 +250,21 @@ def row_to_run(row: dict) -> Run:
         bad = plan_violations(model, cluster, plan) + stack_violations(plan, profile)
     if bad:
         raise SpecError(row["id"], "layout", "; ".join(bad))
+    measured = _float(row, "step_time_s")
+    if not measured > 0:
+        raise SpecError(row["id"], measured, "step_time_s must be a positive number of seconds")
     return Run(id=row["id"], model=model, cluster=cluster, plan=plan, framework=profile, profile_note=note,
-               recipes=tuple(r.name for r in recipes), measured_s=float(row["step_time_s"]), row=row)
+               recipes=tuple(r.name for r in recipes), measured_s=measured, row=row)
+
+
+def _float(row: dict, key: str) -> float:
+    try:
+        v = float(row[key])
+    except ValueError:
+        raise SpecError(f"{row['id']}.{key}", row[key], "must be a number") from None
+    if v != v or v in (float("inf"), float("-inf")):
+        raise SpecError(f"{row['id']}.{key}", row[key], "must be a finite number")
+    return v
 
 
 def load_runs(path: str | Path) -> tuple[list[Run], list[tuple[str, str]]]:
@@ -260,10 +273,25 @@ def load_runs(path: str | Path) -> tuple[list[Run], list[tuple[str, str]]]:
     if not p.is_file():
         raise SpecError("file", str(p), "no such file")
     runs, skipped = [], []
-    with p.open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            try:
-                runs.append(row_to_run(row))
-            except MeshplanError as exc:
-                skipped.append((row.get("id", "?"), str(exc)))
+    try:
+        with p.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            _check_columns(str(p), reader.fieldnames)
+            for row in reader:
+                try:
+                    runs.append(row_to_run(row))
+                except MeshplanError as exc:
+                    skipped.append((row.get("id", "?"), str(exc)))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise SpecError("file", str(p), f"is not a readable CSV ({exc})") from None
+    if not runs and not skipped:
+        raise SpecError("file", str(p), "has no rows")
     return runs, skipped
+
+
+def _check_columns(path: str, header: list[str] | None) -> None:
+    """A runs CSV names every REQUIRED column in its header (a plan file or another CSV does not)."""
+    missing = [k for k in REQUIRED if k not in (header or ())]
+    if missing:
+        raise SpecError("file", path, f"is not a runs CSV: missing columns {', '.join(missing)} (the schema of "
+                        "shared/validation/runs_visible.csv)")

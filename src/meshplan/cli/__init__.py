@@ -26,19 +26,46 @@ def build_app() -> typer.Typer:
     return app
 
 
+def _click_errors() -> tuple[type, type]:
+    """The CLI framework's error and abort classes (typer >= 0.20 carries its own copy of click)."""
+    try:
+        from typer._click.exceptions import ClickException
+    except ImportError:
+        from click.exceptions import ClickException
+    return ClickException, typer.Abort
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point; returns the exit status. Usage errors are the CLI framework's (exit 2, with
-    usage); MeshplanError prints one line and exits 2."""
+    """Console entry point; returns the exit status. Usage errors (unknown option, bad number) and MeshplanError
+    print one line on stderr and exit 2; ``--help`` and a bare ``meshplan`` print help and exit 0."""
     from meshplan.errors import MeshplanError
 
+    usage_error, abort = _click_errors()
     app = build_app()
     try:
-        app(args=argv, prog_name="meshplan", standalone_mode=True)
+        code = app(args=argv, prog_name="meshplan", standalone_mode=False)
+        return code if isinstance(code, int) else 0
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
+    except usage_error as exc:
+        # One line, as for every other bad input: what was wrong, and where the valid values are listed.
+        if not exc.format_message():  # a bare command: its help is printed already
+            return 0
+        ctx = getattr(exc, "ctx", None)
+        where = f"meshplan {ctx.info_name} --help" if ctx is not None and ctx.parent else "meshplan --help"
+        print(f"error: {exc.format_message()} (see {where})", file=sys.stderr)
+        return exc.exit_code
+    except abort:
+        print("aborted", file=sys.stderr)
+        return 130
     except MeshplanError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        # A path the user gave that cannot be read or written (commands check theirs first; this is the net).
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("aborted", file=sys.stderr)

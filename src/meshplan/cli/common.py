@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 from meshplan import catalog
 from meshplan.errors import SpecError
@@ -54,3 +56,22 @@ def print_json(obj: object) -> None:
 def gib(x: float) -> str:
     """Bytes as GiB with one decimal."""
     return f"{x / 2**30:.1f}"
+
+
+def output_path(flag: str, path: str) -> Path:
+    """``path`` as a file this command may write, checked before any work starts: not a folder, in a folder
+    that exists and is writable."""
+    p = Path(path)
+    if p.is_dir():
+        raise SpecError(flag, path, "is a folder; give a file name")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise SpecError(flag, path, f"cannot be written: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise SpecError(flag, path, "cannot be written: permission denied")
+    return p
+
+
+def wrote(path: str | Path, what: str = "") -> None:
+    """The one line on stderr that says a file was written."""
+    print(f"wrote {path}{f' ({what})' if what else ''}", file=sys.stderr)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
 
 from meshplan.cli.common import (
     gib,
+    output_path,
     print_json,
     resolve_cluster,
     resolve_framework,
     resolve_model,
     stack_changes,
+    wrote,
 )
 from meshplan.cost.result import INSIDE_COMPUTE
 from meshplan.errors import SpecError
@@ -39,6 +42,9 @@ def build_plan(base: Plan | None, flags: dict, n_gpus: int) -> Plan:
                 raise SpecError(f"--{need.replace('_', '-')}", None, "is required without --plan")
     if "layer_split" in fields and isinstance(fields["layer_split"], list):
         fields["layer_split"] = tuple(fields["layer_split"])
+    for k in ("tp", "pp", "cp"):
+        if not isinstance(fields.get(k, 1), int) or fields.get(k, 1) < 1:
+            raise SpecError(f"--{k}", fields[k], "must be an integer >= 1")
     if "dp" not in fields:
         rest = fields.get("tp", 1) * fields.get("pp", 1) * fields.get("cp", 1)
         if n_gpus % rest:
@@ -124,6 +130,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Predict step time and per-GPU memory of one plan."""
+        if trace:
+            output_path("--trace", trace)
         base, refs = read_plan_file(plan) if plan else (None, {})
         mdl = resolve_model(model, refs.get("model"))
         clu = resolve_cluster(gpus, cluster, refs.get("gpus") or refs.get("cluster"))
@@ -138,6 +146,7 @@ def register(app: typer.Typer) -> None:
                       simulate=True if (simulate or trace is not None) else None)
         if trace:
             _write_trace(trace, est, the_plan, sched_obj)
+            wrote(trace, "Chrome/Perfetto trace of the predicted step")
         if as_json:
             print_json({"model": mdl.name, "gpus": clu.describe(), "plan": the_plan.to_dict(),
                         "framework": {"name": stack.name, **stack_changes(stack)}, **est.as_dict()})
@@ -149,10 +158,9 @@ def _load_schedule(path: str, plan: Plan):
     """A custom schedule CSV, checked against the plan's pipeline degree."""
     from meshplan.sim import load_schedule_csv
 
-    sched = load_schedule_csv(path)
-    if getattr(sched, "pp", plan.pp) != plan.pp:
-        raise SpecError("--schedule-file", path, f"is written for pp={sched.pp}, the plan has pp={plan.pp}")
-    return sched
+    if not Path(path).is_file():
+        raise SpecError("--schedule-file", path, "is not a file (a schedule CSV in torch's compute_only layout)")
+    return load_schedule_csv(path)
 
 
 def _write_trace(path: str, est, plan: Plan, sched_obj) -> None:

@@ -17,10 +17,12 @@ APPROXIMATE_EXIT = 3
 def run_export(plan_file: str, *, to: str, out: str = "", model_ref: str = "", gpus: str = "", fmt: str = "",
                framework: str = "", allow_approximate: bool = False) -> int:
     """Export a plan file; returns the exit status."""
-    from meshplan.cli.common import resolve_framework, resolve_model
+    from meshplan.cli.common import output_path, resolve_framework, resolve_model, wrote
     from meshplan.export.base import get_exporter, render_export, resolve_format
     from meshplan.spec.io import read_plan_file
 
+    if out:
+        output_path("--output", out)
     exporter = get_exporter(to)
     fmt = resolve_format(exporter, fmt)
     plan, refs = read_plan_file(plan_file)
@@ -28,9 +30,11 @@ def run_export(plan_file: str, *, to: str, out: str = "", model_ref: str = "", g
     if framework:
         plan = plan.with_(framework=framework)
     stack = resolve_framework(plan.framework, file_settings=refs.get("framework") if not framework else None)
+    _check(model, plan, gpus or refs.get("gpus", ""))
     result = render_export(exporter, model, plan, stack, gpus=gpus or refs.get("gpus", ""), fmt=fmt)
     if out:
         Path(out).write_text(result.text)
+        wrote(out, f"{exporter.name} {fmt or 'configuration'}".strip())
     else:
         sys.stdout.write(result.text)
     for note in result.approximations:
@@ -40,6 +44,18 @@ def run_export(plan_file: str, *, to: str, out: str = "", model_ref: str = "", g
               file=sys.stderr)
         return APPROXIMATE_EXIT
     return 0
+
+
+def _check(model, plan, gpus: str) -> None:
+    """The plan must be valid for its model (and its GPUs when known) before any framework is asked to run it:
+    the same checks as ``meshplan estimate``."""
+    from meshplan import catalog
+    from meshplan.errors import PlanError
+    from meshplan.spec.checks import model_violations, plan_violations
+
+    bad = plan_violations(model, catalog.cluster(gpus), plan) if gpus else model_violations(model, plan)
+    if bad:
+        raise PlanError(bad)
 
 
 def register(app: typer.Typer) -> None:

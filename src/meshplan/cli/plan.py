@@ -39,10 +39,12 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
     from rich.progress import Progress
 
     from meshplan.cli.common import (
+        output_path,
         print_json,
         resolve_cluster,
         resolve_model,
         stack_changes,
+        wrote,
     )
     from meshplan.report.search import render_text, result_json
     from meshplan.search import search
@@ -50,6 +52,8 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
 
     model = resolve_model(model_ref)
     cluster = resolve_cluster(gpus or None, cluster_file or None)
+    if out:
+        output_path("--out", out)
     if "*" in request.prices:
         from dataclasses import replace
 
@@ -72,6 +76,7 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
                                             framework=stack_changes(request.framework),
                                             predicted={"step_time_s": win.step_time,
                                                        "peak_memory_gib": win.best.peak_memory / 2**30}))
+        wrote(out, f"the winner, {win.step_time:.3f} s per step")
     return 0
 
 
@@ -93,17 +98,29 @@ def register(app: typer.Typer) -> None:
                                                       "switches the objective to tokens per dollar."),
         top: int = typer.Option(5, "--top", help="Plans in the table."),
         no_sim: bool = typer.Option(False, "--no-sim", help="Rank with the closed-form pipeline only."),
-        tp: int = typer.Option(0, "--tp", help="Pin the tensor-parallel degree."),
-        cp: int = typer.Option(0, "--cp", help="Pin the context-parallel degree."),
+        tp: int = typer.Option(0, "--tp", min=0, help="Pin the tensor-parallel degree (0 = the search chooses)."),
+        sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Pin sequence parallelism (default: on "
+                                          "wherever tp > 1 divides the tokens)."),
+        cp: int = typer.Option(0, "--cp", min=0, help="Pin the context-parallel degree (0 = the search chooses)."),
         cp_kind: str = typer.Option("", "--cp-kind", help="Pin ring or a2a."),
-        pp: int = typer.Option(0, "--pp", help="Pin the pipeline degree."),
-        vpp: int = typer.Option(0, "--vpp", help="Pin the virtual stages per rank."),
-        schedule: str = typer.Option("", "--schedule", help="Pin the pipeline schedule."),
-        dp: int = typer.Option(0, "--dp", help="Pin the data-parallel degree."),
-        zero: int = typer.Option(-1, "--zero", help="Pin the ZeRO stage (0-3)."),
-        ep: int = typer.Option(0, "--ep", help="Pin the expert-parallel degree."),
-        micro_batch: int = typer.Option(0, "--micro-batch", help="Pin the micro-batch size."),
-        recompute: str = typer.Option("", "--recompute", help="Pin none, selective or full."),
+        pp: int = typer.Option(0, "--pp", min=0, help="Pin the pipeline degree (0 = the search chooses)."),
+        vpp: int = typer.Option(0, "--vpp", min=0,
+                                help="Pin the virtual stages per rank (0 = the search chooses)."),
+        schedule: str = typer.Option("", "--schedule", help="Pin the pipeline schedule (implies pp > 1): 1f1b, "
+                                     "interleaved_1f1b, gpipe, looped_bfs, zb_h1, zbv, dualpipev (those the --framework runs)."),
+        dp: int = typer.Option(0, "--dp", min=0, help="Pin the data-parallel degree (0 = the search chooses)."),
+        zero: Optional[int] = typer.Option(None, "--zero", help="Pin the ZeRO stage: 0, 1, 2 or 3 (3 = FSDP)."),
+        dp_shard: Optional[int] = typer.Option(None, "--dp-shard", help="Pin the HSDP shard group (with zero 3; "
+                                               "0 = all of dp)."),
+        ep: int = typer.Option(0, "--ep", min=0, help="Pin the expert-parallel degree (0 = the search chooses)."),
+        etp: int = typer.Option(0, "--etp", min=0, help="Pin the experts' tensor-parallel degree (1 or tp; "
+                                "0 = the search chooses)."),
+        micro_batch: int = typer.Option(0, "--micro-batch", min=0, help="Pin the micro-batch size (0 = the search "
+                                        "chooses)."),
+        recompute: str = typer.Option("", "--recompute", help="Pin none, selective or full (default: the least "
+                                      "that fits)."),
+        recompute_layers: Optional[int] = typer.Option(None, "--recompute-layers", help="Pin the fully recomputed "
+                                                       "layers per pipeline rank (0 = all of them)."),
         framework: str = typer.Option("megatron-core", "--framework",
                                       help="Software stack the plans run under (catalog/frameworks): its kernels, "
                                            "FSDP flavour, overlap, and the layouts it can run."),
@@ -122,11 +139,11 @@ def register(app: typer.Typer) -> None:
         from meshplan.cli.common import resolve_framework
         from meshplan.search import SearchRequest
 
-        pins = {k: v for k, v in dict(tp=tp, cp=cp, pp=pp, vpp=vpp, dp=dp, ep=ep, micro_batch=micro_batch).items()
-                if v}
+        pins = {k: v for k, v in dict(tp=tp, cp=cp, pp=pp, vpp=vpp, dp=dp, ep=ep, etp=etp,
+                                      micro_batch=micro_batch).items() if v}
         pins.update({k: v for k, v in dict(cp_kind=cp_kind, schedule=schedule, recompute=recompute).items() if v})
-        if zero >= 0:
-            pins["zero"] = zero
+        pins.update({k: v for k, v in dict(sp=sp, zero=zero, dp_shard=dp_shard,
+                                           recompute_layers=recompute_layers).items() if v is not None})
         prices = _prices(price)
         stack = resolve_framework(framework, flags=dict(grad_dtype=grad_dtype, optimizer_dtype=optimizer_dtype,
                                                         tp_comm_overlap=tp_comm_overlap))

@@ -44,8 +44,11 @@ def load_report(plan_file: str, *, model_ref: str = "", gpus: str = "", cluster_
 
 def write_report(plan_file: str, *, out: str, **kwargs) -> int:
     """Render the HTML page of a plan file to ``out``; returns its size in bytes."""
+    from meshplan.cli.common import output_path
     from meshplan.report.figures import plotly_go
     from meshplan.report.html import render_html
+
+    output_path("--output", out)
 
     plotly_go()  # fail on a missing extra before any work
     page = render_html(load_report(plan_file, **kwargs))
@@ -73,4 +76,6 @@ def register(app: typer.Typer) -> None:
         """Write a self-contained HTML report of a plan: figures, Gantt chart, memory, time, alternatives."""
         size = write_report(plan_file, out=out, model_ref=model, gpus=gpus, cluster_file=cluster,
                             variants=variants, max_memory_fraction=max_memory_fraction, framework=framework)
-        typer.echo(f"wrote {out} ({size / 2**20:.1f} MiB)")
+        from meshplan.cli.common import wrote
+
+        wrote(out, f"{size / 2**20:.1f} MiB")

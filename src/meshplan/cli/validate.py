@@ -44,6 +44,12 @@ def register(app: typer.Typer) -> None:
         from meshplan.calibrate.validate import validate_csv
 
         report = validate_csv(csv_file, simulate=simulate)
+        if not report.rows:
+            from meshplan.errors import SpecError
+
+            first = report.skipped[0][1] if report.skipped else ""
+            raise SpecError("file", csv_file, f"no row could be predicted ({len(report.skipped)} skipped; first: "
+                            f"{first})")
         if as_json:
             print_json(report.as_dict())
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.cost.comm import Links, collective_time
-from meshplan.cost.memory import bytes_per_param
+from meshplan.cost.memory import accumulates_unsharded, bytes_per_param
 from meshplan.spec.calibration import Calibration
 from meshplan.spec.cluster import GroupLink
 from meshplan.spec.framework import FrameworkProfile
@@ -105,7 +105,19 @@ def ddp_cost(dense: float, expert: float, *, plan: Plan, stack: FrameworkProfile
             gather += collective_time("all_gather", expert * w_bytes, size=eg, link=links.dp, calib=calib)
     exp_red = max(red - calib.overlap_eff * bwd, bucket) if stack.overlap_grad_reduce else red
     exp_gat = max(gather - calib.overlap_eff * fwd, bucket_g) if stack.overlap_param_gather else gather
+    if reduces_every_micro(plan, stack):
+        # Sharded gradients cannot accumulate unsharded: every micro-batch's backward reduce-scatters into the
+        # shard (Megatron-FSDP optim_grads: grad_reduce_every_bprop in megatron_fsdp.py; DeepSpeed ZeRO-2
+        # stage_1_and_2.py reduces at every backward), hidden behind that micro-batch's backward but its last bucket.
+        return DPCost(per_micro_bwd=exp_red, per_step=exp_gat, total_traffic=red * plan.n_micro + gather)
     return DPCost(per_step=exp_red + exp_gat, total_traffic=red + gather)
+
+
+def reduces_every_micro(plan: Plan, stack: FrameworkProfile) -> bool:
+    """ZeRO-2 whose gradients stay sharded while they accumulate (``cost.memory`` gives them the sharded size):
+    the reduce-scatter runs after every micro-batch, not once per step. A stack that accumulates FSDP2
+    gradients unsharded (``accumulates_unsharded``) holds them whole instead and reduces once."""
+    return plan.zero == 2 and plan.n_micro > 1 and not accumulates_unsharded(plan, stack)
 
 
 def dp_cost(dense: float, expert: float, *, plan: Plan, stack: FrameworkProfile, links: Links, calib: Calibration,

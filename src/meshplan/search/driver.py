@@ -12,6 +12,7 @@ from typing import Callable
 
 from meshplan.search import prune
 from meshplan.search.evaluate import Evaluation, evaluate, ladder, refine
+from meshplan.search.pins import check_request
 from meshplan.search.rank import finish
 from meshplan.search.request import SearchRequest
 from meshplan.search.result import RankedPlan, SearchResult
@@ -29,8 +30,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, request: SearchRequest, *, ca
     Args:
         calib: calibration table for the cost model (None = packaged).
         progress: optional ``f(done, total)`` called while candidates are evaluated.
+
+    Raises:
+        SpecError, PlanError: a pin or price is invalid, or the pins ask what the model, cluster or stack cannot
+            give (``meshplan.search.pins``); a valid request that nothing fits returns ``infeasible`` instead.
     """
     t0 = time.perf_counter()
+    check_request(model, cluster, request)
     space = SearchSpace.of(model, cluster, request, calib)
     ev = Evaluation(space=space, cache=CostCache(space=space), tally=Tally())
     heap = _bounded_groups(ev)

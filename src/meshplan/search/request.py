@@ -10,8 +10,8 @@ from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.plan import DEFAULT_FRAMEWORK, PRECISIONS
 
 OBJECTIVES = ("time", "cost")
-PIN_FIELDS = ("tp", "cp", "cp_kind", "pp", "vpp", "schedule", "dp", "zero", "dp_shard", "ep", "etp", "micro_batch",
-              "recompute", "recompute_layers", "rank_order")
+PIN_FIELDS = ("tp", "sp", "cp", "cp_kind", "pp", "vpp", "schedule", "dp", "zero", "dp_shard", "ep", "etp",
+              "micro_batch", "recompute", "recompute_layers", "rank_order")
 DEFAULT_MEMORY_FRACTION = 0.8
 """No out-of-memory was observed in a study of 454 published runs while the estimate stayed under 80 % of device
 memory; the default limit keeps that margin for allocator fragmentation the model does not see."""

@@ -64,7 +64,11 @@ def _pin_ok(req: SearchRequest, name: str, value) -> bool:
 
 def use_sp(deg: Degrees, req: SearchRequest) -> bool:
     """Sequence parallelism whenever tp > 1 and tp divides the tokens per cp rank: it moves the same bytes as
-    TP's all-reduces, shrinks activations and pipeline sends (Korthikanti et al. 2022 sec. 4.2.2)."""
+    TP's all-reduces, shrinks activations and pipeline sends (Korthikanti et al. 2022 sec. 4.2.2). A pinned
+    ``sp`` is kept as pinned (tp > 1), so a layout whose tokens tp cannot split is rejected, not silently
+    changed."""
+    if "sp" in req.pins:
+        return bool(req.pins["sp"]) and deg.tp > 1
     return deg.tp > 1 and (req.seq_len // deg.cp) % deg.tp == 0
 
 
@@ -163,7 +167,8 @@ def pipeline_options(n_layers: int, pp: int, n_micro: int, req: SearchRequest,
     lists them), each accepting pp, vpp and the micro-batch count (``ScheduleSpec.accepts``); ``("", 1)``
     without pipelining."""
     if pp == 1:
-        return [("", 1)] if _pin_ok(req, "vpp", 1) else []
+        # A pinned schedule asks for a pipeline, whatever the schedule.
+        return [("", 1)] if _pin_ok(req, "vpp", 1) and "schedule" not in req.pins else []
     out = []
     for name in req.framework.schedules:
         if not _pin_ok(req, "schedule", name):
@@ -180,10 +185,11 @@ def pipeline_options(n_layers: int, pp: int, n_micro: int, req: SearchRequest,
 
 
 def zero_options(deg: Degrees, req: SearchRequest, *, node: int, pruned: Counter) -> list[tuple[int, int]]:
-    """(zero, dp_shard) pairs. Without exhaustive search, dominated stages are dropped: in the cost model ZeRO-1
-    moves fewer bytes than DDP's all-reduce and holds less, and ZeRO-2 costs ZeRO-1's time with less memory
-    (it is offered only without pipelining: DeepSpeed forbids ZeRO-2 with pipelines and Megatron's distributed
-    optimizer is ZeRO-1). HSDP groups span at least a node."""
+    """(zero, dp_shard) pairs. Without exhaustive search, DDP is dropped: in the cost model ZeRO-1 moves fewer
+    bytes than DDP's all-reduce and holds less. ZeRO-2 holds less than ZeRO-1 but reduce-scatters every
+    micro-batch (``cost.dp.reduces_every_micro``), so both stay; it is offered only without pipelining (DeepSpeed
+    forbids ZeRO-2 with pipelines and Megatron's distributed optimizer is ZeRO-1). HSDP groups span at least a
+    node."""
     stack = req.framework
     top = 0 if stack.sharding == "none" else (stack.max_zero_with_pp if deg.pp > 1 else 3)
     group = deg.dp * deg.cp
@@ -192,8 +198,9 @@ def zero_options(deg: Degrees, req: SearchRequest, *, node: int, pruned: Counter
     else:
         low = [z for z in ([0, 1, 2] if deg.pp == 1 else [0, 1]) if z <= top]
         if not req.exhaustive and "zero" not in req.pins:
-            pruned["dominated zero stage"] += len(low) - 1
-            low = low[-1:]
+            keep = [z for z in low if z] or low
+            pruned["dominated zero stage"] += len(low) - len(keep)
+            low = keep
         opts = [(z, 0) for z in low]
         shards = [d for d in divisors(deg.dp) if d < deg.dp and d * deg.tp * deg.cp >= node and d & (d - 1) == 0]
         if not req.exhaustive:

@@ -51,7 +51,12 @@ def _moe_violations(model: ModelSpec, plan: Plan) -> list[str]:
     for b in model.blocks:
         if b.layer.moe and b.layer.moe.n_experts % plan.ep:
             out.append(f"ep={plan.ep} must divide the {b.layer.moe.n_experts} experts of block '{b.name}'")
-    if (plan.tp * plan.cp * plan.dp) % (plan.ep * plan.etp):
+    return out
+
+
+def _folding_violations(model: ModelSpec, plan: Plan) -> list[str]:
+    out = []
+    if model.is_moe and (plan.tp * plan.cp * plan.dp) % (plan.ep * plan.etp):
         out.append(f"ep*etp={plan.ep * plan.etp} must divide tp*cp*dp={plan.tp * plan.cp * plan.dp} "
                    "(experts are folded inside the data/context/tensor ranks)")
     return out
@@ -64,8 +69,6 @@ def _pipeline_violations(model: ModelSpec, plan: Plan) -> list[str]:
             out.append(f"layer_split has {len(plan.layer_split)} entries, needs pp*vpp={plan.n_stages}")
         elif sum(plan.layer_split) != model.n_layers:
             out.append(f"layer_split sums to {sum(plan.layer_split)}, the model has {model.n_layers} layers")
-    elif model.n_layers < plan.n_stages:
-        out.append(f"pp*vpp={plan.n_stages} virtual stages exceed the model's {model.n_layers} layers")
     if plan.vpp > 1 and plan.pp == 1:
         out.append(f"vpp={plan.vpp} needs pp > 1")
     if plan.pp > 1 and not is_csv(plan.schedule_name):
@@ -118,7 +121,16 @@ def plan_violations(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[
                    f"the cluster has {cluster.n_gpus}")
     if plan.batch_shares:
         out += _shares_violations(model, cluster, plan)
-    elif plan.global_batch % (plan.dp * plan.micro_batch):
+    if plan.precision == "fp8" and any(p.gpu.peak.fp8 <= 0 for p in cluster.pools):
+        bad = [p.gpu.name for p in cluster.pools if p.gpu.peak.fp8 <= 0]
+        out.append(f"precision fp8 needs FP8 tensor cores; {', '.join(bad)} has none (use bf16)")
+    return out + model_violations(model, plan)
+
+
+def model_violations(model: ModelSpec, plan: Plan) -> list[str]:
+    """Every constraint the plan violates against the model and its own batch, whatever GPUs run it."""
+    out: list[str] = []
+    if not plan.batch_shares and plan.global_batch % (plan.dp * plan.micro_batch):
         out.append(f"global_batch={plan.global_batch} must be a multiple of dp*micro_batch="
                    f"{plan.dp * plan.micro_batch}")
     if plan.seq_len % plan.cp:
@@ -127,16 +139,22 @@ def plan_violations(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[
         out.append(f"sequence parallel needs tp={plan.tp} to divide the {plan.seq_len // plan.cp} tokens per cp rank")
     if plan.zero and plan.dp % plan.shard_group:
         out.append(f"dp_shard={plan.dp_shard} must divide dp={plan.dp}")
-    if plan.precision == "fp8" and any(p.gpu.peak.fp8 <= 0 for p in cluster.pools):
-        bad = [p.gpu.name for p in cluster.pools if p.gpu.peak.fp8 <= 0]
-        out.append(f"precision fp8 needs FP8 tensor cores; {', '.join(bad)} has none (use bf16)")
+    if model.max_seq_len and plan.seq_len > model.max_seq_len and model.position == "learned":
+        out.append(f"seq_len={plan.seq_len} exceeds the model's learned positions ({model.max_seq_len})")
+    return out + shape_violations(model, plan) + _folding_violations(model, plan) + _pipeline_violations(model, plan)
+
+
+def shape_violations(model: ModelSpec, plan: Plan) -> list[str]:
+    """What each degree alone asks of the model's shapes: tp of heads and FFN widths, cp and cp_kind of heads,
+    ep of experts, pp*vpp of layers. Degrees of 1 ask nothing, so a plan holding only a user's pins (the rest 1)
+    is checked exactly for those pins (``meshplan.search.pins``)."""
+    out = []
     for b in model.blocks:
         if b.layer.moe is None and b.layer.ffn_hidden % plan.tp:
             out.append(f"tp={plan.tp} must divide ffn_hidden={b.layer.ffn_hidden} of block '{b.name}'")
-    if model.max_seq_len and plan.seq_len > model.max_seq_len and model.position == "learned":
-        out.append(f"seq_len={plan.seq_len} exceeds the model's learned positions ({model.max_seq_len})")
-    return out + _attention_violations(model, plan) + _moe_violations(model, plan) + \
-        _pipeline_violations(model, plan)
+    if not plan.layer_split and model.n_layers < plan.n_stages:
+        out.append(f"pp*vpp={plan.n_stages} virtual stages exceed the model's {model.n_layers} layers")
+    return out + _attention_violations(model, plan) + _moe_violations(model, plan)
 
 
 def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> None:
