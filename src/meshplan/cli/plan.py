@@ -107,7 +107,8 @@ def register(app: typer.Typer) -> None:
         vpp: int = typer.Option(0, "--vpp", min=0,
                                 help="Pin the virtual stages per rank (0 = the search chooses)."),
         schedule: str = typer.Option("", "--schedule", help="Pin the pipeline schedule (implies pp > 1): 1f1b, "
-                                     "interleaved_1f1b, gpipe, looped_bfs, zb_h1, zbv, dualpipev (those the --framework runs)."),
+                                     "interleaved_1f1b, gpipe, looped_bfs, zb_h1, zbv, dualpipev (those the "
+                                     "--framework runs)."),
         dp: int = typer.Option(0, "--dp", min=0, help="Pin the data-parallel degree (0 = the search chooses)."),
         zero: Optional[int] = typer.Option(None, "--zero", help="Pin the ZeRO stage: 0, 1, 2 or 3 (3 = FSDP)."),
         dp_shard: Optional[int] = typer.Option(None, "--dp-shard", help="Pin the HSDP shard group (with zero 3; "
