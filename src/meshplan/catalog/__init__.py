@@ -78,9 +78,21 @@ def model(ref: str) -> ModelSpec:
         if "model_type" in data or "architectures" in data:
             from meshplan.spec.hf import model_from_hf
 
-            return model_from_hf(data, name=Path(ref).parent.name or Path(ref).stem)
+            return model_from_hf(data, name=hf_model_name(ref, data))
         return model_from_dict(data, ref)
     return model_from_dict(_entry("models", "model", ref), f"model[{ref}]")
+
+
+def hf_model_name(ref: str, data: dict) -> str:
+    """The name of a model read from a Hugging Face config: the file's stem (``llama3-8b.json``), or for a file
+    called ``config.json`` the repository in ``_name_or_path``, else ``architectures[0]``, never the folder (a
+    download cache or a temporary directory)."""
+    stem = Path(ref).stem
+    if stem != "config":
+        return stem
+    repo = str(data.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1]
+    archs = data.get("architectures") or []
+    return repo or (str(archs[0]) if archs else "") or str(data.get("model_type") or stem)
 
 
 def cluster(ref: str) -> ClusterSpec:

@@ -75,3 +75,16 @@ def output_path(flag: str, path: str) -> Path:
 def wrote(path: str | Path, what: str = "") -> None:
     """The one line on stderr that says a file was written."""
     print(f"wrote {path}{f' ({what})' if what else ''}", file=sys.stderr)
+
+
+NARROW = 80
+"""Columns of text when stdout is not a terminal (a pipe, a file, a test): the classic terminal width."""
+
+
+def term_width() -> int:
+    """Columns the command's tables may use: the terminal's width, or NARROW when stdout is not a terminal."""
+    import shutil
+
+    if not sys.stdout.isatty():
+        return NARROW
+    return max(shutil.get_terminal_size((NARROW, 24)).columns, 60)

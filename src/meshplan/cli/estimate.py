@@ -15,6 +15,7 @@ from meshplan.cli.common import (
     resolve_framework,
     resolve_model,
     stack_changes,
+    term_width,
     wrote,
 )
 from meshplan.cost.result import INSIDE_COMPUTE
@@ -53,23 +54,26 @@ def build_plan(base: Plan | None, flags: dict, n_gpus: int) -> Plan:
     return Plan(**fields)
 
 
-def render(est, model, cluster, plan, stack=None) -> str:
-    """Readable tables of the estimate."""
+def render(est, model, cluster, plan, stack=None, width: int = 80) -> str:
+    """Readable tables of the estimate in ``width`` columns."""
     from io import StringIO
 
     from rich.console import Console
     from rich.table import Table
 
     from meshplan.report.layout import layout_text
+    from meshplan.report.search import mfu_peak
 
     buf = StringIO()
-    con = Console(file=buf, width=100, force_terminal=False)
+    con = Console(file=buf, width=width, force_terminal=False, no_color=True, highlight=False)
     head = Table(title=f"{model.name} on {cluster.describe()}", show_header=False)
     layout = layout_text(plan)
     stack_line = plan.framework + (f" ({', '.join(f'{k}={v}' for k, v in stack_changes(stack).items())})"
                                    if stack is not None and stack_changes(stack) else "")
     for k, v in (("layout", layout), ("framework", stack_line), ("step time", f"{est.step_time:.3f} s"),
-                 ("tokens/s", f"{est.tokens_per_s:,.0f}"), ("MFU", f"{100 * est.mfu:.1f} %"),
+                 ("tokens/s", f"{est.tokens_per_s:,.0f}"),
+                 ("MFU", f"{100 * est.mfu:.1f} %" + (f" ({mfu_peak(plan.precision)})" if plan.precision == "fp8"
+                                                     else "")),
                  ("peak memory / GPU", f"{gib(est.peak_memory)} GiB of {gib(est.capacity)} GiB"
                   f"{'' if est.fits else '  (DOES NOT FIT)'}"), ("pipeline", est.pipeline_source)):
         head.add_row(k, v)
@@ -151,7 +155,7 @@ def register(app: typer.Typer) -> None:
             print_json({"model": mdl.name, "gpus": clu.describe(), "plan": the_plan.to_dict(),
                         "framework": {"name": stack.name, **stack_changes(stack)}, **est.as_dict()})
         else:
-            typer.echo(render(est, mdl, clu, the_plan, stack))
+            typer.echo(render(est, mdl, clu, the_plan, stack, width=term_width()))
 
 
 def _load_schedule(path: str, plan: Plan):

@@ -22,7 +22,8 @@ def register(app: typer.Typer) -> None:
                                            "schedule)."),
         max_memory_fraction: Optional[float] = typer.Option(
             None, "--max-memory-fraction", help="Judge fit against a memory limit (share of device memory)."),
-        width: int = typer.Option(100, "--width", min=60, help="Text width in columns."),
+        width: int = typer.Option(0, "--width", min=0, help="Text width in columns (0 = the terminal's, 80 "
+                                  "when not a terminal)."),
         framework: str = typer.Option("", "--framework", help="Software stack (default: the plan file's)."),
     ) -> None:
         """Explain a plan in plain text: where the time goes, what limits it, how its variants compare."""
@@ -31,4 +32,6 @@ def register(app: typer.Typer) -> None:
 
         rep = load_report(plan_file, model_ref=model, gpus=gpus, cluster_file=cluster, variants=variants,
                           max_memory_fraction=max_memory_fraction, framework=framework)
-        typer.echo(render_text(rep, width=width), nl=False)
+        from meshplan.cli.common import term_width
+
+        typer.echo(render_text(rep, width=width or term_width()), nl=False)

@@ -44,6 +44,7 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
         resolve_cluster,
         resolve_model,
         stack_changes,
+        term_width,
         wrote,
     )
     from meshplan.report.search import render_text, result_json
@@ -67,7 +68,7 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
     if as_json:
         print_json(result_json(result))
     else:
-        sys.stdout.write(render_text(result))
+        sys.stdout.write(render_text(result, width=term_width()))
     if result.best is None:
         return NOTHING_FITS_EXIT
     if out:
@@ -75,7 +76,8 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
         Path(out).write_text(plan_file_text(win.plan, model=model_ref, gpus=win.cluster.describe(),
                                             framework=stack_changes(request.framework),
                                             predicted={"step_time_s": win.step_time,
-                                                       "peak_memory_gib": win.best.peak_memory / 2**30}))
+                                                       "peak_memory_gib": win.best.peak_memory / 2**30,
+                                                       "max_memory_fraction": request.max_memory_fraction}))
         wrote(out, f"the winner, {win.step_time:.3f} s per step")
     return 0
 

@@ -28,6 +28,9 @@ def load_report(plan_file: str, *, model_ref: str = "", gpus: str = "", cluster_
     if max_memory_fraction is not None and not 0 < max_memory_fraction <= 4:
         raise SpecError("--max-memory-fraction", max_memory_fraction, "must be in (0, 4]")
     plan, refs = read_plan_file(plan_file)
+    if max_memory_fraction is None:
+        # The limit the plan was searched under (meshplan plan writes it), so variants are judged as the search did.
+        max_memory_fraction = (refs.get("predicted") or {}).get("max_memory_fraction")
     model = resolve_model(model_ref or None, refs.get("model"))
     cluster = resolve_cluster(gpus or None, cluster_file or None, refs.get("gpus") or refs.get("cluster"))
     if framework:

@@ -7,15 +7,15 @@ import typer
 from meshplan.cli.common import print_json
 
 
-def render(report) -> str:
-    """Per-row table and the summary line."""
+def render(report, width: int = 80) -> str:
+    """Per-row table and the summary line in ``width`` columns."""
     from io import StringIO
 
     from rich.console import Console
     from rich.table import Table
 
     buf = StringIO()
-    con = Console(file=buf, width=110, force_terminal=False)
+    con = Console(file=buf, width=width, force_terminal=False, no_color=True, highlight=False)
     t = Table(show_header=True, title="published runs: measured vs predicted step time")
     for col, just in (("id", "left"), ("measured s", "right"), ("predicted s", "right"), ("error %", "right"),
                       ("peak GiB", "right")):
@@ -53,4 +53,6 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(report.as_dict())
         else:
-            typer.echo(render(report))
+            from meshplan.cli.common import term_width
+
+            typer.echo(render(report, width=term_width()))

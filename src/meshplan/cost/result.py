@@ -4,6 +4,7 @@ simulator consumes."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import Iterable
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,3 +145,21 @@ class Estimate:
                 "capacity_bytes": self.capacity, "fits": self.fits, "bubble_fraction": self.bubble_fraction,
                 "memory_per_stage_bytes": [m.total() for m in self.memory_per_stage],
                 "pipeline_source": self.pipeline_source}
+
+
+def pareto_front(points: Iterable[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both coordinates (both minimized), sorted by the first.
+
+    A point is dominated when another is <= on both and < on one; exact duplicates keep the first index.
+
+    Example: ``pareto_front([(1, 5), (2, 3), (3, 4), (2, 3)]) == [0, 1]``: (3, 4) loses to (2, 3) on both,
+    and the second (2, 3) duplicates the first.
+    """
+    pts = list(points)
+    order = sorted(range(len(pts)), key=lambda i: (pts[i][0], pts[i][1], i))
+    front, best_y = [], float("inf")
+    for i in order:
+        if pts[i][1] < best_y:
+            front.append(i)
+            best_y = pts[i][1]
+    return front

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from meshplan.cost.result import Estimate
+from meshplan.cost.result import Estimate, pareto_front
 from meshplan.sim.timeline import Timeline
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
@@ -64,24 +64,6 @@ class Report:
         out = [("this plan", est.step_time, est.peak_memory)]
         out += [(a.label, a.estimate.step_time, a.estimate.peak_memory) for a in self.alternatives]
         return out
-
-
-def pareto_front(points: Iterable[tuple[float, float]]) -> list[int]:
-    """Indices of the points no other point beats on both coordinates (both minimized), sorted by the first.
-
-    A point is dominated when another is <= on both and < on one; exact duplicates keep the first index.
-
-    Example: ``pareto_front([(1, 5), (2, 3), (3, 4), (2, 3)]) == [0, 1]``: (3, 4) loses to (2, 3) on both,
-    and the second (2, 3) duplicates the first.
-    """
-    pts = list(points)
-    order = sorted(range(len(pts)), key=lambda i: (pts[i][0], pts[i][1], i))
-    front, best_y = [], float("inf")
-    for i in order:
-        if pts[i][1] < best_y:
-            front.append(i)
-            best_y = pts[i][1]
-    return front
 
 
 def build_report(model: ModelSpec, cluster: ClusterSpec, plan: Plan, est: Estimate, timeline: Timeline, *,

@@ -11,9 +11,12 @@ def layout_text(plan: Plan) -> str:
     parts = [f"tp={plan.tp}{'+sp' if plan.sp else ''}", f"cp={plan.cp}", f"pp={plan.pp}"]
     if plan.vpp > 1:
         parts.append(f"vpp={plan.vpp}")
-    parts += [f"dp={plan.dp}", f"zero={plan.zero}", f"ep={plan.ep}", f"mb={plan.micro_batch}",
-              f"gbs={plan.global_batch}", f"seq={plan.seq_len}", f"recompute={plan.recompute}", plan.precision,
+    parts += [f"dp={plan.dp}", f"zero={plan.zero}" + (f" dp_shard={plan.dp_shard}" if plan.dp_shard else ""),
+              f"ep={plan.ep}" + (f" etp={plan.etp}" if plan.etp > 1 else ""), f"mb={plan.micro_batch}",
+              f"gbs={plan.global_batch}", f"seq={plan.seq_len}", f"recompute={recompute_text(plan)}", plan.precision,
               f"schedule={sched}"]
+    if plan.layer_split and len(set(plan.layer_split)) > 1:
+        parts.append("split=" + "/".join(str(n) for n in plan.layer_split))
     return " ".join(parts)
 
 

@@ -8,7 +8,6 @@ from io import StringIO
 
 from meshplan.cost.result import INSIDE_COMPUTE
 from meshplan.report.analysis import GIB, verdict
-from meshplan.report.data import pareto_front
 from meshplan.report.layout import layout_short, recompute_text
 from meshplan.search.result import RankedPlan, SearchResult
 
@@ -23,12 +22,8 @@ def exposed_comm(rp: RankedPlan) -> float:
 
 
 def front(result: SearchResult) -> list[RankedPlan]:
-    """The fitting plans no other fitting plan beats on both step time and peak memory, fastest first, each timed
-    as the table times it (the simulated estimate of a plan the search re-ranked)."""
-    ranked = {(id(rp.cluster), rp.plan): rp for rp in result.plans}
-    plans = [ranked.get((id(rp.cluster), rp.plan), rp) for rp in result.fitting]
-    idx = pareto_front([(rp.step_time, rp.best.peak_memory) for rp in plans])
-    return [plans[i] for i in idx]
+    """The time/memory Pareto front the search found (``meshplan.search.rank.pareto``), fastest first."""
+    return list(result.front)
 
 
 def plan_row(rp: RankedPlan) -> dict:
@@ -89,48 +84,99 @@ def runner_up(win: RankedPlan, other: RankedPlan, limit_fraction: float) -> str:
     return f"{c.status}: {c.text}"
 
 
-def _table(result: SearchResult):
+WIDE = 120
+"""Columns from which the plan table shows every column; narrower terminals get the compact table."""
+
+
+def _table(result: SearchResult, width: int):
+    """The ranked plans: every column from WIDE columns up; below it a compact table (schedule and micro-batch
+    inside the layout cell, no tokens/s, light borders) that fits 80 columns."""
+    from rich import box
     from rich.table import Table
 
-    cost = result.request.objective == "cost" or any(rp.dollars_per_hour for rp in result.plans)
-    t = Table(title="best plans", show_header=True)
-    for col in ("#", "layout", "schedule", "mb", "recompute", "step s", "tokens/s", "MFU %", "peak GiB",
-                "bubble %", "comm s"):
-        t.add_column(col, justify="right" if col not in ("layout", "schedule", "recompute") else "left")
-    if cost:
-        t.add_column("tokens/$", justify="right")
+    wide = width >= WIDE
+    cost = result.request.objective == "cost"
     mixed = not result.cluster.homogeneous
-    if mixed:
-        t.add_column("GPUs (stage order)")
+    t = Table(title="best plans", show_header=True, box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD,
+              pad_edge=wide, padding=(0, 1) if wide else (0, 0, 0, 1), show_edge=wide)
+    cols = (["#", "layout", "schedule", "mb", "recompute", "step s", "tokens/s", "MFU %", "peak GiB", "bubble %",
+             "comm s"] if wide else ["#", "layout", "recompute", "step s", "MFU %", "GiB"] +
+            ([] if cost else ["bubble %"]) + ["comm s"])
+    cols += (["tokens/$"] if cost else []) + (["GPUs (stage order)"] if mixed and wide else [])
+    for col in cols:
+        text = col in ("layout", "schedule", "GPUs (stage order)")
+        t.add_column(col, justify="left" if text or col == "recompute" else "right", overflow="fold",
+                     no_wrap=not text, min_width=20 if col == "layout" and not wide else None,
+                     max_width=24 if col == "layout" and not wide else None)
     for i, rp in enumerate(result.plans, 1):
-        e = rp.best
-        row = [str(i), layout_short(rp.plan), rp.plan.schedule_name if rp.plan.pp > 1 else "-",
-               str(rp.plan.micro_batch), recompute_text(rp.plan), f"{e.step_time:.3f}", f"{e.tokens_per_s:,.0f}",
-               f"{100 * e.mfu:.1f}", f"{e.peak_memory / GIB:.1f}", f"{100 * e.bubble_fraction:.1f}",
-               f"{exposed_comm(rp):.3f}"]
-        if cost:
-            row.append(f"{rp.tokens_per_dollar:,.0f}")
-        if mixed:
-            row.append(rp.cluster.describe())
+        e, p = rp.best, rp.plan
+        sched = p.schedule_name if p.pp > 1 else "-"
+        on = f" on {rp.cluster.describe()}" if mixed else ""
+        head = [str(i), layout_short(p), sched, str(p.micro_batch)] if wide else \
+            [str(i), f"{layout_short(p)}{f' {sched}' if p.pp > 1 else ''} mb{p.micro_batch}{on}"]
+        row = head + [recompute_text(p), f"{e.step_time:.3f}"] + ([f"{e.tokens_per_s:,.0f}"] if wide else []) + \
+            [f"{100 * e.mfu:.1f}", f"{e.peak_memory / GIB:.1f}"] + \
+            ([f"{100 * e.bubble_fraction:.1f}"] if wide or not cost else []) + [f"{exposed_comm(rp):.3f}"]
+        row += ([f"{rp.tokens_per_dollar:,.0f}" if wide else f"{rp.tokens_per_dollar / 1e6:.2f}M"] if cost else [])
+        row += [rp.cluster.describe()] if mixed and wide else []
         t.add_row(*row)
     return t
 
 
-def render_text(result: SearchResult) -> str:
-    """Readable report: table, Pareto front, explanation, search counts (or the nothing-fits message)."""
+def idle_pools(cluster, used) -> str:
+    """The pools of ``cluster`` a plan on ``used`` leaves idle, e.g. ``32xa100-80gb``; empty when none."""
+    have = {p.gpu.name: p.n_gpus for p in used.pools}
+    return " + ".join(f"{p.n_gpus - have.get(p.gpu.name, 0)}x{p.gpu.name}" for p in cluster.pools
+                      if p.n_gpus > have.get(p.gpu.name, 0))
+
+
+def request_notes(result: SearchResult) -> list[str]:
+    """What the user should know about the request itself: a sequence beyond the model's trained positions, a
+    memory limit above the device, fewer plans than asked for, and which peak the MFU divides by."""
+    req, model, out = result.request, result.model, []
+    if model.max_seq_len and req.seq_len > model.max_seq_len:
+        out.append(f"seq_len {req.seq_len} exceeds {model.name}'s {model.max_seq_len} trained positions; the "
+                   "prediction times the layout, not the model's quality at that length")
+    if req.max_memory_fraction > 1:
+        out.append(f"memory limit {100 * req.max_memory_fraction:.0f} % is above the device's memory: plans "
+                   "over 100 % will not run")
+    if req.precision == "fp8":
+        out.append(f"MFU divides {mfu_peak(req.precision)}")
+    if result.plans and len(result.plans) < req.top:
+        out.append(f"{len(result.plans)} of the --top {req.top} plans shown: only {len(result.fitting)} distinct "
+                   "plans fit and survived the bounds")
+    return out
+
+
+def mfu_peak(precision: str) -> str:
+    """Which peak the model-FLOPs utilisation divides by (``cost.estimate``: fp8 runs against the bf16 dense
+    peak, as NVIDIA's and torchtitan's published MFU do)."""
+    return "by the bf16 dense peak (fp8 GEMMs counted as bf16 FLOPs)" if precision == "fp8" else \
+        f"by the {precision} dense peak"
+
+
+def render_text(result: SearchResult, width: int = 80) -> str:
+    """Readable report in ``width`` columns: table, Pareto front, explanation, search counts (or the
+    nothing-fits message)."""
     from rich.console import Console
 
     buf = StringIO()
-    con = Console(file=buf, width=140, force_terminal=False)
+    con = Console(file=buf, width=width, force_terminal=False, no_color=True, highlight=False)
     req = result.request
     con.print(f"{result.model.name} on {result.cluster.describe()}: batch {req.global_batch} x {req.seq_len} "
               f"tokens, {req.precision}, {req.framework.name}, memory limit {100 * req.max_memory_fraction:.0f} % "
               "of each GPU")
+    for note in request_notes(result):
+        con.print(f"note: {note}")
     if result.infeasible is not None:
         con.print(f"NOTHING FITS: {result.infeasible.reason}")
     else:
-        con.print(_table(result))
+        con.print(_table(result, width))
         win = result.plans[0]
+        idle = idle_pools(result.cluster, win.cluster)
+        if idle:
+            con.print(f"note: the winner leaves {idle} idle (pools may idle in a mixed cluster; a plan on every "
+                      "pool is in the table only if it is among the best)")
         con.print(f"winner: {layout_short(win.plan)}, "
                   f"{win.plan.schedule_name if win.plan.pp > 1 else 'no pipeline'}, micro-batch "
                   f"{win.plan.micro_batch}, recompute {recompute_text(win.plan)}")

@@ -59,8 +59,10 @@ class SearchResult:
     plans: tuple[RankedPlan, ...]
     """Top plans, best first."""
     fitting: tuple[RankedPlan, ...] = ()
-    """Every fitting plan the search evaluated (closed-form estimates); the Pareto front is drawn from them
-    (``meshplan.report.search.front``)."""
+    """Every fitting plan the search evaluated (closed-form estimates)."""
+    front: tuple[RankedPlan, ...] = ()
+    """The time/memory Pareto front of the fitting plans, fastest first, timed as ``plans`` are
+    (``meshplan.search.rank.pareto``)."""
     considered: int
     """Candidates enumerated (leaves plus whole degree tuples rejected before their leaves)."""
     pruned: dict = field(default_factory=dict)

@@ -202,7 +202,9 @@ def zero_options(deg: Degrees, req: SearchRequest, *, node: int, pruned: Counter
             pruned["dominated zero stage"] += len(low) - len(keep)
             low = keep
         opts = [(z, 0) for z in low]
-        shards = [d for d in divisors(deg.dp) if d < deg.dp and d * deg.tp * deg.cp >= node and d & (d - 1) == 0]
+        # A shard group of one rank (z3/1) is replication under another name: not a candidate.
+        shards = [d for d in divisors(deg.dp) if d < deg.dp and d * deg.tp * deg.cp >= node and d & (d - 1) == 0
+                  and d * deg.cp > 1]
         if not req.exhaustive:
             # HSDP groups of 1, 4, 16... nodes: memory and traffic change slowly with the group size.
             keep = [d for d in shards if (d * deg.tp * deg.cp // node).bit_length() % 2 == 1]

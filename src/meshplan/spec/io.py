@@ -218,7 +218,7 @@ def read_plan_file(path: str | Path) -> tuple[Plan, dict]:
     if "plan" not in d:
         return plan_from_dict(d, f"{path}"), {}
     check_keys(str(path), d, PLAN_FILE_KEYS, ("plan",))
-    refs = {k: d[k] for k in ("model", "gpus", "cluster", "framework") if k in d}
+    refs = {k: d[k] for k in ("model", "gpus", "cluster", "framework", "predicted") if k in d}
     if "framework" in refs and not isinstance(refs["framework"], dict):
         raise SpecError(f"{path}.framework", refs["framework"], "must be a table of stack settings, e.g. "
                         "grad_dtype = \"bf16\" (the stack's name is plan.framework)")

@@ -101,6 +101,16 @@ class Plan:
             raise SpecError("plan.framework", self.framework, "must name a software-stack profile")
         if self.layer_split and any(x < 0 for x in self.layer_split):
             raise SpecError("plan.layer_split", self.layer_split, "layer counts must be >= 0")
+        self._canonicalise()
+
+    def _canonicalise(self) -> None:
+        """One spelling per layout: a shard group of all of dp is ``dp_shard = 0``, and ZeRO over a group of one
+        rank (``z3/1``: every rank keeps whole states) is replication, ``zero = 0``."""
+        if self.dp_shard == self.dp:
+            object.__setattr__(self, "dp_shard", 0)
+        if self.zero and self.zero_group == 1:
+            object.__setattr__(self, "zero", 0)
+            object.__setattr__(self, "dp_shard", 0)
 
     @property
     def act_bytes(self) -> float:
