@@ -1,11 +1,17 @@
 """``meshplan run``: train a plan for real on torch.distributed (torchrun, gloo on CPU, NCCL on GPU).
 
-torch is imported only inside the command, so ``meshplan --help`` and planning never need it.
+torch is imported only inside the command, so ``meshplan --help`` and planning never need it. Before any process
+starts, the flags, the plan, the model and the host are checked (``runtime.launch.validate``,
+``runtime.host.preflight``); the workers then run as a supervised tree that a stop signal or the wall timeout
+removes whole (``runtime.procs``).
 """
 
 from __future__ import annotations
 
-import sys
+import contextlib
+import math
+import os
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -13,11 +19,73 @@ import typer
 from meshplan.errors import SpecError
 
 
-def _profile_steps(text: str) -> tuple[int, ...]:
+def _profile_steps(text: str, steps: int) -> tuple[int, ...]:
     try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
+        out = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
         raise SpecError("--profile", text, "expected comma-separated step numbers, e.g. 3,4") from None
+    bad = [s for s in out if not 1 <= s <= steps]
+    if bad:
+        raise SpecError("--profile", text, f"steps are 1..{steps} (--steps {steps}); {bad[0]} is not one")
+    return out
+
+
+def positive(flag: str, value: float | None, *, zero_ok: bool = False, what: str = "") -> None:
+    """Raise SpecError unless ``value`` (when given) is a finite number > 0 (>= 0 with ``zero_ok``)."""
+    if value is None:
+        return
+    ok = math.isfinite(value) and (value >= 0 if zero_ok else value > 0)
+    if not ok:
+        raise SpecError(flag, value, f"must be a finite number {'>= 0' if zero_ok else '> 0'}" +
+                        (f" ({what})" if what else ""))
+
+
+def writable_folder(flag: str, path: str) -> None:
+    """Raise SpecError unless ``path`` is, or can be created as, a folder this user can write into."""
+    if not path:
+        return
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise SpecError(flag, path, "is a file; give a folder")
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise SpecError(flag, path, f"cannot be written: {probe} is not a writable folder")
+
+
+@contextlib.contextmanager
+def stops_cleanly():
+    """Within the block a stop signal (Ctrl-C, SIGTERM, SIGHUP) ends the command with one line on stderr and the
+    shell's 128 + signal status, after the supervised processes are gone."""
+    from meshplan.runtime.procs import Interrupted, stop_signals_raise
+
+    try:
+        with stop_signals_raise():
+            yield
+    except Interrupted as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _check_flags(*, steps: int, nproc: int | None, lr: float, timeout: float, wall_timeout: float | None,
+                 checkpoint: tuple[str, int, bool], out: str, seed: int) -> None:
+    directory, every, resume = checkpoint
+    if steps < 1:
+        raise SpecError("--steps", steps, "must be >= 1")
+    if nproc is not None and nproc < 1:
+        raise SpecError("--nproc", nproc, "must be >= 1 (or left out: the plan's tp*cp*pp*dp)")
+    if seed < 0:
+        raise SpecError("--seed", seed, "must be >= 0")
+    positive("--lr", lr, what="AdamW's learning rate")
+    positive("--timeout", timeout, what="seconds a collective may wait for a peer")
+    positive("--wall-timeout", wall_timeout, what="seconds the whole run may take")
+    if every < 0:
+        raise SpecError("--checkpoint-every", every, "must be >= 0 (0 = only at the end)")
+    if (every or resume) and not directory:
+        raise SpecError("--checkpoint-every" if every else "--resume", every or resume, "needs --checkpoint-dir")
+    writable_folder("--checkpoint-dir", directory)
+    writable_folder("--out", out)
 
 
 def register(app: typer.Typer) -> None:
@@ -28,42 +96,54 @@ def register(app: typer.Typer) -> None:
         plan: str = typer.Option(..., "--plan", help="Plan file (TOML/JSON) with a [plan] table."),
         model: Optional[str] = typer.Option(None, "--model", help="Catalog model or config.json; default: the "
                                             "plan file's model."),
-        steps: int = typer.Option(10, "--steps", help="Optimizer steps."),
+        steps: int = typer.Option(10, "--steps", help="Optimizer steps (>= 1)."),
         nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to launch; default: the plan's "
                                             "tp*cp*pp*dp. Ignored under torchrun."),
-        data: str = typer.Option("synthetic", "--data", help="synthetic, corpus, or a text file."),
-        seed: int = typer.Option(0, "--seed", help="Seed of weights and data."),
-        lr: float = typer.Option(3e-3, "--lr", help="AdamW learning rate."),
+        data: str = typer.Option("synthetic", "--data", help="synthetic, corpus, or a UTF-8 text file."),
+        seed: int = typer.Option(0, "--seed", help="Seed of weights and data (>= 0)."),
+        lr: float = typer.Option(3e-3, "--lr", help="AdamW learning rate (> 0)."),
         checkpoint_dir: str = typer.Option("", "--checkpoint-dir", help="Folder of DCP checkpoints."),
-        checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Save every K steps."),
+        checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Save every K steps (0 = at the end "
+                                             "only)."),
         resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint."),
         profile: str = typer.Option("", "--profile", help="Steps to trace with the PyTorch profiler, e.g. 3,4."),
         out: str = typer.Option("", "--out", help="Folder for metrics.jsonl and profiler traces."),
-        timeout: float = typer.Option(60.0, "--timeout", help="Process-group timeout (s)."),
-        wall_timeout: Optional[float] = typer.Option(None, "--wall-timeout", help="Stop the whole run after this "
-                                                     "many seconds."),
+        timeout: float = typer.Option(60.0, "--timeout", help="Process-group timeout (s, > 0)."),
+        wall_timeout: Optional[float] = typer.Option(None, "--wall-timeout", help="Stop the whole run, model "
+                                                     "build included, after this many seconds."),
     ) -> None:
-        """Train the plan on torchrun workers; one JSON line of metrics per step, then a summary."""
+        """Train the plan on torchrun workers; one JSON line of metrics per step, then a summary.
+
+        A plan this host cannot hold (CPU ranks beyond 4 per core and 8 in all, more ranks than visible GPUs, or
+        more memory than it has available) is refused before any process starts."""
         from meshplan.cli.common import resolve_model
         from meshplan.spec.io import read_plan_file
 
-        the_plan, refs = read_plan_file(plan)
-        model_ref = model or refs.get("model")
-        resolve_model(model_ref)  # a bad model reference fails here, before torch is imported
-        profile_steps = _profile_steps(profile)
+        _check_flags(steps=steps, nproc=nproc, lr=lr, timeout=timeout, wall_timeout=wall_timeout,
+                     checkpoint=(checkpoint_dir, checkpoint_every, resume), out=out, seed=seed)
+        profile_steps = _profile_steps(profile, steps)
         if profile_steps and not out:
             raise SpecError("--profile", profile, "needs --out FOLDER for the traces")
+        the_plan, refs = read_plan_file(plan)
+        model_ref = model or refs.get("model")
+        if not model_ref:
+            raise SpecError("--model", None, f"{plan} names no model; give --model NAME or a config.json")
+        resolve_model(model_ref)  # a bad model reference fails here, before torch is imported
+        from meshplan.runtime.host import require_torch
+
+        require_torch("meshplan run")
 
         from meshplan.runtime.config import RUNTIME_STACK, RunConfig
-        from meshplan.runtime.launch import launch
+        from meshplan.runtime.launch import launch, progress
 
         if the_plan.framework != RUNTIME_STACK:
-            print(f"note: the plan was predicted for {the_plan.framework}; meshplan's runtime runs it as the "
-                  f"{RUNTIME_STACK} stack (predict that with --framework {RUNTIME_STACK})", file=sys.stderr)
+            progress(f"note: the plan was predicted for {the_plan.framework}; meshplan's runtime runs it as the "
+                     f"{RUNTIME_STACK} stack (predict that with --framework {RUNTIME_STACK})")
 
         cfg = RunConfig(plan=the_plan, model=model_ref, steps=steps, seed=seed, data=data, lr=lr,
                         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                         profile_steps=profile_steps, out_dir=out, timeout_s=timeout)
-        rc = launch(cfg, nproc=nproc or the_plan.n_gpus, timeout_s=wall_timeout)
+        with stops_cleanly():
+            rc = launch(cfg, nproc=nproc or the_plan.n_gpus, timeout_s=wall_timeout, gpus_ref=refs.get("gpus"))
         if rc:
             raise typer.Exit(rc)

@@ -235,4 +235,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from meshplan.runtime.procs import die_with_parent
+
+    die_with_parent()  # a rank never outlives its torchrun (or meshplan)
     sys.exit(main(sys.argv[1:]))

@@ -48,6 +48,20 @@ class Source:
         if self.kind not in ("synthetic", "corpus") and not Path(self.kind).is_file():
             raise SpecError("--data", self.kind, "must be 'synthetic', 'corpus' or a text file")
 
+    def check(self, *, seq_len: int) -> None:
+        """Raise SpecError unless every batch of ``seq_len`` tokens can be cut from the text (checked once, before
+        any rank reads it)."""
+        if self.kind == "synthetic":
+            return
+        try:
+            n = len((CORPUS if self.kind == "corpus" else Path(self.kind)).read_text().encode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise SpecError("--data", self.kind, f"is not UTF-8 text (byte {exc.start})") from None
+        except OSError as exc:
+            raise SpecError("--data", self.kind, f"cannot be read: {exc.strerror}") from None
+        if n <= seq_len + 1:
+            raise SpecError("--data", self.kind, f"has {n} bytes, needs more than seq_len+1 = {seq_len + 1}")
+
     def batch(self, *, step: int, batch: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The global batch of ``step``: (inputs, targets), each [batch, seq_len] int64, targets shifted by one."""
         g = _generator(self.seed, step)

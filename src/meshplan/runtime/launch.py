@@ -1,14 +1,15 @@
-"""Launching: validate a run before any process group exists, spawn torchrun (or run under it), and shut down
-cleanly.
+"""Launching: validate a run before any process group exists, check that this host can hold it, spawn torchrun
+(or run under it), and leave nothing behind.
 
 ``launch`` is what ``meshplan run`` calls: outside torchrun it validates the plan against ``--nproc`` and the model,
-then starts ``torchrun --standalone`` on ``meshplan.runtime.worker``; inside torchrun it runs the worker directly.
+runs the host pre-flight (``runtime.host``), then starts ``torchrun --standalone`` on ``meshplan.runtime.worker``
+as a supervised tree (``runtime.procs``: a stop signal or the wall timeout kills torchrun, every worker and
+anything they started); inside torchrun it runs the worker directly.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -47,7 +48,7 @@ def validate(cfg: RunConfig, world_size: int) -> None:
         problems.append(f"steps={cfg.steps} must be >= 1")
     if problems:
         raise PlanError(problems)
-    Source(kind=cfg.data, vocab=spec.vocab, seed=cfg.seed)
+    Source(kind=cfg.data, vocab=spec.vocab, seed=cfg.seed).check(seq_len=plan.seq_len)
 
 
 RUNTIME_SETTINGS = ("fused_optimizer",)
@@ -67,18 +68,51 @@ def torchrun_command(config_path: str, nproc: int) -> list[str]:
             "--monitor-interval=0.2", "-m", "meshplan.runtime.worker", config_path]
 
 
-def launch(cfg: RunConfig, *, nproc: int, timeout_s: float | None = None) -> int:
-    """Run ``cfg`` on ``nproc`` processes; returns the exit status (0 on success)."""
+def worker_env(nproc: int) -> dict:
+    """The environment of a launch: torchrun's own default of one OpenMP thread per rank when several ranks
+    share the host, set here so that torchrun does not print its banner about it."""
+    env = dict(os.environ)
+    if nproc > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def progress(text: str) -> None:
+    """One line of progress on stderr (stdout carries the metrics)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def check_host(cfg: RunConfig, nproc: int, *, gpus_ref: str | None = None) -> str:
+    """Refuse (HostLimit) a run this host cannot hold, before anything starts; returns what it will use."""
+    from meshplan.runtime.host import device_note, preflight, probe_host
+
+    host = probe_host()
+    summary = preflight(catalog.model(cfg.model), [cfg.plan], cfg.stack, nproc=nproc, host=host)
+    note = device_note(gpus_ref, host)
+    if note:
+        progress(note)
+    return summary
+
+
+def launch(cfg: RunConfig, *, nproc: int, timeout_s: float | None = None, gpus_ref: str | None = None) -> int:
+    """Run ``cfg`` on ``nproc`` processes; returns the exit status (0 on success, 124 at the wall timeout).
+    ``gpus_ref``: the cluster the plan was made for (a note says when the runtime uses another device kind)."""
     if under_torchrun():
         from meshplan.runtime.worker import worker_main
 
         return worker_main([cfg])
+    from meshplan.runtime.procs import run_tree
+
     validate(cfg, nproc)
+    summary = check_host(cfg, nproc, gpus_ref=gpus_ref)
+    limit = f", stopped after {timeout_s:g} s" if timeout_s else ""
+    progress(f"run: {cfg.model}, {cfg.steps} steps on {summary}{limit}; starting torchrun")
     with tempfile.TemporaryDirectory(prefix="meshplan-run-") as tmp:
         path = Path(tmp) / "config.json"
         path.write_text(cfg.to_json())
-        try:
-            return subprocess.run(torchrun_command(str(path), nproc), timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            print(f"error: run exceeded {timeout_s} s and was stopped", file=sys.stderr)
-            return 124
+        done = run_tree(torchrun_command(str(path), nproc), timeout_s=timeout_s, env=worker_env(nproc))
+    if done.timed_out:
+        print(f"error: the run exceeded --wall-timeout {timeout_s:g} s (model build included) and was stopped "
+              f"({done.stopped} processes killed)", file=sys.stderr)
+        return 124
+    return done.returncode if done.returncode >= 0 else 128 - done.returncode

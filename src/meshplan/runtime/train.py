@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -171,13 +172,23 @@ def _summary(rows: list[dict], cfg: RunConfig, start_step: int) -> dict:
             **cfg.extra}
 
 
+def _progress(text: str) -> None:
+    """Rank 0's progress before the first step, on stderr (stdout carries the metrics)."""
+    print(f"[run] {text}", file=sys.stderr, flush=True)
+
+
 def run(cfg: RunConfig, device: torch.device) -> list[dict]:
     """Train under an initialized process group; returns the metrics rows plus the summary (on every rank)."""
     spec = catalog.model(cfg.model)
+    rank = dist.get_rank()
+    say = _progress if rank == 0 else (lambda text: None)
+    say(f"building {spec.name} ({spec.n_layers} layers) on {dist.get_world_size()} {device.type} ranks")
+    began = time.perf_counter()
     meshes = build_meshes(cfg.plan, device.type)
     t = build_trainer(cfg, spec, meshes, device)
-    rank = dist.get_rank()
     start = checkpoint.maybe_resume(t) if cfg.resume else 0
+    say(f"built in {time.perf_counter() - began:.1f} s" + (f", resumed at step {start}" if start else "") +
+        f"; training steps {start + 1}..{cfg.steps}")
     metrics, rows = _Metrics(cfg, rank), []
     for step in range(start + 1, cfg.steps + 1):
         if step == cfg.fail_at_step and rank == min(1, dist.get_world_size() - 1):

@@ -51,4 +51,7 @@ def worker_main(cfgs: list[RunConfig]) -> int:
 
 
 if __name__ == "__main__":
+    from meshplan.runtime.procs import die_with_parent
+
+    die_with_parent()  # a rank never outlives its torchrun (or meshplan)
     sys.exit(worker_main(read_configs(sys.argv[1])))
