@@ -82,3 +82,41 @@ def test_json_document_has_counts():
     assert len(doc["plans"]) == 3 and doc["considered"] >= sum(doc["pruned"].values())
     steps = [p["step_time_s"] for p in doc["plans"]]
     assert steps == sorted(steps)
+
+
+def test_front_holds_the_winner_and_times_every_member_as_the_table():
+    """One time per plan: each front member with a pipeline is simulated like the table's rows, and the winner
+    (nothing is faster) is on the front."""
+    res = search(catalog.model("llama3-70b"), catalog.cluster("64xh100-sxm"),
+                 SearchRequest(global_batch=128, seq_len=8192, pins={"pp": 4}, top=3))
+    assert res.front and res.front[0].plan == res.best.plan
+    for rp in res.front:
+        assert rp.simulated is not None
+        assert rp.step_time >= res.best.step_time
+    times = [rp.step_time for rp in res.front]
+    mems = [rp.best.peak_memory for rp in res.front]
+    assert times == sorted(times) and mems == sorted(mems, reverse=True)
+
+
+def test_pins_are_checked_before_the_search():
+    from meshplan.errors import PlanError
+
+    model, cluster = catalog.model("llama3-8b"), catalog.cluster("8xh100-sxm")
+    with pytest.raises(SpecError, match="pin zero"):
+        search(model, cluster, SearchRequest(global_batch=8, seq_len=4096, pins={"zero": 5}))
+    with pytest.raises(PlanError, match="32 attention heads"):
+        search(model, cluster, SearchRequest(global_batch=8, seq_len=4096, pins={"tp": 3}))
+    # A pinned schedule asks for a pipeline: every plan has pp > 1.
+    res = search(model, cluster, SearchRequest(global_batch=16, seq_len=4096, pins={"schedule": "1f1b"},
+                                               simulate=False))
+    assert res.plans and all(rp.plan.pp > 1 and rp.plan.schedule_name == "1f1b" for rp in res.plans)
+
+
+def test_zero_over_one_rank_is_replication():
+    from meshplan.spec.plan import Plan
+
+    assert Plan(global_batch=8, seq_len=64, dp=8, zero=3, dp_shard=1).zero == 0
+    assert Plan(global_batch=8, seq_len=64, dp=8, zero=3, dp_shard=8).dp_shard == 0
+    assert Plan(global_batch=8, seq_len=64, dp=1, cp=2, zero=1).zero == 1  # ZeRO over the cp ranks is real
+    res = _best("llama3-8b", "16xh100-sxm", 64, 4096, exhaustive=True)
+    assert all(not (rp.plan.zero and rp.plan.zero_group == 1) for rp in res.fitting)
