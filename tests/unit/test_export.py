@@ -14,7 +14,7 @@ import pytest
 from meshplan import catalog
 from meshplan.cli.export import APPROXIMATE_EXIT, run_export
 from meshplan.errors import SpecError
-from meshplan.export.base import exporters, get_exporter, render_export
+from meshplan.export.base import ExportError, exporters, get_exporter, render_export
 from meshplan.export.layout import first_last_split
 from meshplan.export.megatron import layout_string, megatron_args
 from meshplan.export.torchtitan import stage_fqns
@@ -29,21 +29,32 @@ OUTPUTS = (("megatron", "sh"), ("torchtitan", "toml"), ("torchtitan", "python"),
 MEGATRON = catalog.framework("megatron-core")
 
 
-def load(name: str):
-    plan, refs = read_plan_file(GOLDEN / "plans" / f"{name}.toml")
+def load(name: str, path: Path | None = None):
+    plan, refs = read_plan_file(path or GOLDEN / "plans" / f"{name}.toml")
     return catalog.model(refs["model"]), plan, refs["gpus"], catalog.framework_with(plan.framework,
                                                                                     refs.get("framework"))
 
 
-def render(name: str, to: str, fmt: str = ""):
-    model, plan, gpus, stack = load(name)
+def render(name: str, to: str, fmt: str = "", path: Path | None = None):
+    model, plan, gpus, stack = load(name, path)
     return render_export(get_exporter(to), model, plan, stack, gpus=gpus, fmt=fmt)
+
+
+def refused(plan: Plan, to: str) -> bool:
+    """DeepSpeed's PipelineEngine refuses ZeRO-2/3 under pipeline parallelism: no export is written."""
+    return to == "deepspeed" and plan.pp > 1 and plan.zero > 1
 
 
 def bash_array(text: str, var: str) -> list[str]:
     """The words of ``VAR=( ... )`` in an exported bash file."""
     body = re.search(rf"^{var}=\((.*?)^\)", text, re.S | re.M).group(1)
     return shlex.split(body)
+
+
+def flag_model(name: str):
+    """A catalog model; ``+mtp`` adds DeepSeek-V3's one MTP module (config.json num_nextn_predict_layers)."""
+    base, _, mtp = name.partition("+")
+    return catalog.model(base).with_mtp(1) if mtp else catalog.model(base)
 
 
 def flag_values(words: list[str]) -> dict[str, str | None]:
@@ -155,6 +166,32 @@ def test_megatron_zero3_uses_megatron_fsdp():
     assert "--use-megatron-fsdp" in args and args["--num-distributed-optimizer-instances"] == 2
 
 
+@pytest.mark.parametrize("sp", [True, False])
+def test_tp_comm_overlap_is_exported_or_flagged(sp):
+    # Megatron needs sequence parallelism for --tp-comm-overlap; torchtitan runs it as AsyncTP (with compile);
+    # Megatron-DeepSpeed has none, so its export says so.
+    model, plan = catalog.model("llama3-8b"), Plan(global_batch=64, seq_len=4096, tp=8, sp=sp, dp=1)
+    stack = MEGATRON.with_(tp_comm_overlap=True)
+    args, notes = megatron_args(model, plan, stack)
+    assert ("--tp-comm-overlap" in dict(args)) == sp and any("overlap" in n for n in notes) != sp
+    ds = render_export(get_exporter("deepspeed"), model, plan, stack)
+    assert any("TP communication overlap" in n for n in ds.approximations)
+    titan = tomllib.loads(render_export(get_exporter("torchtitan"), model, plan, stack).text)
+    assert titan["parallelism"]["enable_async_tensor_parallel"] and titan["compile"]["enable"]
+
+
+def test_deepspeed_refuses_zero2_with_pipeline(tmp_path, capsys):
+    from meshplan.cli import main
+
+    plan = Plan(global_batch=64, seq_len=4096, pp=4, dp=2, zero=2)
+    with pytest.raises(ExportError, match="ZeRO-2 with pp=4.*ZeRO-1 at most"):
+        render_export(get_exporter("deepspeed"), catalog.model("llama3-8b"), plan, MEGATRON)
+    plan_file = GOLDEN / "plans" / "tt2412-t5-405b-interleaved1f1b-512g.toml"  # FSDP with pp 8
+    out = tmp_path / "ds.sh"
+    assert main(["export", str(plan_file), "--to", "deepspeed", "-o", str(out), "--allow-approximate"]) == 2
+    assert "ZeRO-3 with pp=8" in capsys.readouterr().err and not out.exists()
+
+
 @pytest.mark.parametrize("policy", ["attention", "op", "mla_up_proj"])
 def test_selective_policy_is_exported_or_flagged(policy):
     # Megatron expresses the attention core (its default) and --recompute-modules mla_up_proj; torchtitan only
@@ -218,7 +255,9 @@ def test_torchtitan_fsdp_toml():
     assert doc["training"]["local_batch_size"] == 2 and doc["training"]["global_batch_size"] == 256
     assert doc["training"]["seq_len"] == 8192
     assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
-    assert res.exact  # torchtitan's own stack: its per-op policy is the plan's
+    # torchtitan's own stack and its per-op policy; only its 8B flavor's RoPE is Llama 3.1's, not Llama 3's
+    assert len(res.approximations) == 1 and "Llama 3.1" not in res.approximations[0]
+    assert "llama3 scaling x8" in res.approximations[0]
 
 
 def test_torchtitan_405b_interleaved_pipeline_fp8():
@@ -255,6 +294,11 @@ def test_torchtitan_python_layout():
     assert "'lm_head']" in res.text and "Float8LinearConverter.Config" in res.text
     assert "config.activation_checkpoint = FullAC.Config()" in res.text
     compile(res.text, "export.py", "exec")
+
+
+@pytest.mark.parametrize("to,fmt", OUTPUTS)
+def test_every_export_names_its_target_release(to, fmt):
+    assert re.search(r"^# target: .*\d+\.\d+\.\d+", render("dgxc-llama-3-1-70b-bf16-64g", to, fmt).text, re.M)
 
 
 def test_stage_fqns():
@@ -320,6 +364,11 @@ def test_cli_model_override(capsys):
 def test_golden_exports(name, to, fmt):
     exp = get_exporter(to)
     path = GOLDEN / "exports" / f"{name}.{to}{exp.suffix(fmt)}"
+    if refused(load(name)[1], to):
+        with pytest.raises(ExportError):
+            render(name, to, fmt)
+        assert not path.exists()
+        return
     text = render(name, to, fmt).text
     if os.environ.get("MESHPLAN_UPDATE_GOLDEN"):
         path.parent.mkdir(parents=True, exist_ok=True)

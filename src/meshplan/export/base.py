@@ -2,8 +2,9 @@
 
 An exporter turns (model, plan, stack profile) into the text a framework reads. Whatever the framework cannot
 express is not dropped silently: it is listed in ``ExportResult.approximations`` (the CLI prints them on stderr,
-writes them as comments into the file, and exits non-zero unless ``--allow-approximate``). Exporters never import
-torch.
+writes them as comments into the file, and exits non-zero unless ``--allow-approximate``). A plan the framework
+cannot launch at all is refused with an ``ExportError`` (exit 2, whatever ``--allow-approximate`` says). Each export
+names the framework release it targets in its header. Exporters never import torch.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Protocol
 
-from meshplan.errors import SpecError, unknown_name
+from meshplan import catalog
+from meshplan.errors import MeshplanError, SpecError, unknown_name
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
@@ -23,6 +25,10 @@ _BUILTIN = (
     ("meshplan.export.torchtitan", "TorchtitanExporter"),
     ("meshplan.export.deepspeed", "DeepSpeedExporter"),
 )
+
+
+class ExportError(MeshplanError):
+    """The target framework refuses the plan outright: an export would not start, so none is written."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +60,9 @@ class Exporter(Protocol):
 
     def suffix(self, fmt: str) -> str:
         """File suffix for an output format (e.g. ``.sh``)."""
+
+    def target(self, fmt: str) -> str:
+        """The framework release (and entry point) the output for ``fmt`` is written for."""
 
     def render(self, model: ModelSpec, plan: Plan, stack: FrameworkProfile, *, gpus: str = "",
                fmt: str = "") -> ExportResult:
@@ -92,10 +101,11 @@ def comment_block(lines: list[str] | tuple[str, ...], prefix: str = "# ") -> str
     return "\n".join((prefix + ln).rstrip() for ln in lines)
 
 
-def header_lines(*, framework: str, model: ModelSpec, plan: Plan, gpus: str,
+def header_lines(*, framework: str, target: str, model: ModelSpec, plan: Plan, gpus: str,
                  approximations: tuple[str, ...]) -> list[str]:
-    """The comment header every export starts with: what it is for and what it approximates."""
-    lines = [f"meshplan export for {framework}",
+    """The comment header every export starts with: what it is for, the release it targets, what it
+    approximates."""
+    lines = [f"meshplan export for {framework}", f"target: {target}",
              f"model: {model.name} ({model.n_layers} layers); gpus: {gpus or plan.n_gpus}",
              "plan: " + ", ".join(f"{k}={v}" for k, v in plan.to_dict().items())]
     if approximations:
@@ -104,6 +114,27 @@ def header_lines(*, framework: str, model: ModelSpec, plan: Plan, gpus: str,
     else:
         lines.append(f"exact: {framework} expresses every part of the plan")
     return lines
+
+
+def refusals(plan: Plan, exporter: Exporter) -> list[str]:
+    """Why the exporter's framework would not start the plan at all: a ZeRO stage above what its stacks combine
+    with pipeline parallelism (DeepSpeed's PipelineEngine asserts stage < 2: deepspeed/runtime/pipe/engine.py,
+    "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"; Megatron-DeepSpeed's --no-pipeline-parallel
+    needs pp = 1, megatron/arguments.py)."""
+    top = max(catalog.framework(s).max_zero_with_pp for s in exporter.stacks)
+    if plan.pp > 1 and plan.zero > top:
+        return [f"ZeRO-{plan.zero} with pp={plan.pp}: {exporter.name} combines pipeline parallelism with ZeRO-{top} "
+                f"at most; re-plan with --zero {top} or --pp 1"]
+    return []
+
+
+def stack_gaps(plan: Plan, exporter: Exporter, stack: FrameworkProfile) -> list[str]:
+    """Settings of the plan's stack that none of the exporter's stacks can run, flagged instead of dropped."""
+    profiles = [catalog.framework(s) for s in exporter.stacks]
+    if stack.tp_comm_overlap and plan.tp > 1 and not any(p.tp_comm_overlap_supported for p in profiles):
+        return [f"TP communication overlap (tp_comm_overlap): {exporter.name}'s stacks "
+                f"({', '.join(exporter.stacks)}) cannot overlap TP collectives with GEMMs; exported without it"]
+    return []
 
 
 def plan_wide_approximations(plan: Plan, exporter: Exporter) -> tuple[str, ...]:
@@ -122,11 +153,18 @@ def plan_wide_approximations(plan: Plan, exporter: Exporter) -> tuple[str, ...]:
 
 def render_export(exporter: Exporter, model: ModelSpec, plan: Plan, stack: FrameworkProfile, *, gpus: str = "",
                   fmt: str = "") -> ExportResult:
-    """Render with ``exporter`` and add the plan-wide approximations (as comments and in the result)."""
+    """Render with ``exporter`` and add the plan-wide approximations (as comments and in the result); raise
+    ExportError when the framework would refuse the plan."""
+    refused = refusals(plan, exporter)
+    if refused:
+        raise ExportError("; ".join(refused))
     result = exporter.render(model, plan, stack, gpus=gpus, fmt=fmt)
-    extra = plan_wide_approximations(plan, exporter)
+    extra = plan_wide_approximations(plan, exporter) + tuple(stack_gaps(plan, exporter, stack))
     if not extra:
         return result
     prefix = "// " if fmt == "json" else "# "
-    text = comment_block([f"APPROXIMATE: {x}" for x in extra], prefix=prefix) + "\n" + result.text
+    block = comment_block([f"APPROXIMATE: {x}" for x in extra], prefix=prefix) + "\n"
+    # after a shebang, which only works on the first line
+    shebang, rest = result.text.split("\n", 1) if result.text.startswith("#!") else ("", result.text)
+    text = (shebang + "\n" if shebang else "") + block + rest
     return ExportResult(text=text, approximations=tuple(result.approximations) + extra)

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 
+from meshplan.cost.stage import mtp_depth
 from meshplan.export.base import ExportResult, comment_block, header_lines
-from meshplan.export.layout import model_notes, stage_layers, uniform_split
+from meshplan.export.layout import decoder_layers, decoder_split, model_notes, uniform_split
 from meshplan.export.megatron import Args, format_args
+from meshplan.export.megatron_model import vocab_args
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
@@ -57,25 +59,56 @@ def ds_config(plan: Plan, stack: FrameworkProfile) -> tuple[dict, list[str]]:
 def _model_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
     dec, att = model.decoder, model.decoder.attention
     notes = model_notes(model)
-    args: Args = [("--num-layers", model.n_layers), ("--hidden-size", dec.hidden),
+    args: Args = [("--num-layers", decoder_layers(model)), ("--hidden-size", dec.hidden),
                   ("--ffn-hidden-size", dec.ffn_hidden), ("--num-attention-heads", att.n_heads),
                   ("--seq-length", plan.seq_len), ("--max-position-embeddings", max(plan.seq_len, model.max_seq_len))]
     if att.kind == "mla":
         notes.append("multi-latent attention: Megatron-DeepSpeed has no MLA; exported as multi-head attention")
-    elif att.n_kv_heads < att.n_heads:
-        args.append(("--num-key-value-heads", att.n_kv_heads))
-    args.append(("--normalization", dec.norm))
+    else:
+        if att.head_dim * att.n_heads != dec.hidden:
+            args.append(("--kv-channels", att.head_dim))
+        if att.n_kv_heads < att.n_heads:
+            args.append(("--num-key-value-heads", att.n_kv_heads))
+    if att.qk_norm:
+        notes.append("q/k normalization: Megatron-DeepSpeed's attention has no q/k norm; exported without it")
+    args += [("--normalization", dec.norm), ("--layernorm-epsilon", dec.norm_eps)]
     if dec.activation in ("swiglu", "geglu"):
         args.append(("--swiglu", None))
         if dec.activation == "geglu":
             notes.append("GeGLU: Megatron-DeepSpeed has only --swiglu for gated units; exported as SwiGLU")
     elif dec.activation == "relu2":
         args.append(("--squared-relu", None))
-    if model.position == "rope":
-        args += [("--use-rotary-position-embeddings", None), ("--no-position-embedding", None)]
+    if not dec.bias:
+        args.append(("--disable-bias-linear", None))
+        if att.qkv_bias:
+            notes.append("q/k/v biases without other biases (Qwen2): Megatron-DeepSpeed has no such option; "
+                         "exported without biases")
     if not model.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
-    return args + _moe_args(model, plan, notes), notes
+    rope, rope_notes = _rope_args(model)
+    return args + rope + _llama_args(model, plan, notes) + _moe_args(model, plan, notes), notes + rope_notes
+
+
+def _rope_args(model: ModelSpec) -> tuple[Args, list[str]]:
+    """RoPE with its base (megatron/arguments.py --rotary-position-embeddings-theta, type=int, default 10000)."""
+    if model.position != "rope":
+        return [], []
+    notes = [] if model.rope_scaling == "none" else [
+        f"RoPE scaling {model.rope_scaling} (factor {model.rope_scaling_factor:g}): Megatron-DeepSpeed's "
+        "RotaryEmbedding has none; exported unscaled"]
+    return [("--use-rotary-position-embeddings", None), ("--no-position-embedding", None),
+            ("--rotary-position-embeddings-theta", int(round(model.rope_theta)))], notes
+
+
+def _llama_args(model: ModelSpec, plan: Plan, notes: list[str]) -> Args:
+    """What examples_deepspeed/pretrain_llama2_distributed.sh (f4157bea) calls "required for llama model": no
+    query-key layer scaling and dropout 0 (megatron/arguments.py defaults: scaling on, dropout 0.1), plus the
+    vocabulary padded to exactly the model's rows (megatron/tokenizer/tokenizer.py _vocab_size_with_padding pads
+    to a multiple of make_vocab_size_divisible_by * tp, as Megatron-LM does)."""
+    vocab, vocab_notes = vocab_args(model, plan)
+    notes += vocab_notes
+    return [("--no-query-key-layer-scaling", None), ("--attention-dropout", model.dropout),
+            ("--hidden-dropout", model.dropout)] + vocab
 
 
 def _moe_args(model: ModelSpec, plan: Plan, notes: list[str]) -> Args:
@@ -87,8 +120,25 @@ def _moe_args(model: ModelSpec, plan: Plan, notes: list[str]) -> Args:
                      "--expert-interval layers without shared experts; exported with experts in every layer")
     if plan.etp > 1:
         notes.append(f"etp={plan.etp}: Megatron-DeepSpeed experts are not tensor-parallel on their own degree")
-    return [("--num-experts", moe.n_experts), ("--topk", moe.top_k), ("--expert-interval", 1),
-            ("--moe-expert-parallel-size", plan.ep)]
+    if (moe.router_score, moe.router_expert_bias, moe.router_groups, moe.router_topk_scale) != ("softmax", False,
+                                                                                                0, 1.0):
+        notes.append("router: DeepSpeed-MoE's TopKGate (deepspeed/moe/sharded_moe.py) is softmax top-k; the "
+                     "model's sigmoid scores, expert bias, group-limited routing or top-k scale are not exported")
+    if moe.balance_loss != "aux_loss":
+        notes.append(f"balance loss {moe.balance_loss}: DeepSpeed-MoE adds its per-batch l_aux; exported as that")
+    # --moe-loss-coeff defaults to 0.1; --create-moe-param-group because DeepSpeed's ZeRO and BF16 optimizers
+    # assert "None of the param groups are marked as MoE" otherwise (runtime/zero/stage_1_and_2.py,
+    # runtime/bf16_optimizer.py)
+    args: Args = [("--num-experts", moe.n_experts), ("--topk", moe.top_k), ("--expert-interval", 1),
+                  ("--moe-expert-parallel-size", plan.ep), ("--moe-loss-coeff", moe.aux_loss_coeff),
+                  ("--create-moe-param-group", None)]
+    if moe.capacity_factor:
+        args.append(("--moe-train-capacity-factor", moe.capacity_factor))
+    else:
+        args.append(("--disable-moe-token-dropping", None))  # dropless; DeepSpeed drops beyond capacity 1.0
+    if moe.top_k == 2:
+        args.append(("--disable-moe-top2-2nd-expert-sampling", None))  # top2gating samples the 2nd by default
+    return args
 
 
 def _parallel_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
@@ -103,7 +153,7 @@ def _parallel_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
         if plan.cp_kind == "ring":
             notes.append("ring context parallel: Megatron-DeepSpeed splits sequences with DeepSpeed-Ulysses "
                          "(all-to-all); exported as Ulysses")
-    if plan.pp > 1 and not uniform_split(stage_layers(model, plan)):
+    if plan.pp > 1 and not uniform_split(decoder_split(model, plan)):
         notes.append("uneven pipeline split: DeepSpeed's PipelineModule balances layers itself; exported as even")
     name = plan.schedule_name
     if plan.pp > 1 and name == "zb_h1":
@@ -111,9 +161,6 @@ def _parallel_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
     elif plan.pp > 1 and name != "1f1b":
         notes.append(f"schedule {name}{f' with vpp={plan.vpp}' if plan.vpp > 1 else ''}: DeepSpeed's pipeline "
                      "engine runs 1F1B on one stage per rank (or ZB-H1); exported as 1F1B")
-    if plan.zero >= 2 and plan.pp > 1:
-        notes.append(f"ZeRO-{plan.zero} with pipeline parallelism: DeepSpeed's pipeline engine supports ZeRO-1 "
-                     "only")
     return args, notes
 
 
@@ -138,8 +185,9 @@ def mds_args(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> tuple[Arg
     n3 = [] if plan.recompute != "selective" or stack.selective_policy == "attention" else [
         f"selective recompute, policy {stack.selective_policy}: Megatron-DeepSpeed recomputes only the attention "
         "core; exported as that"]
-    if stack.tp_comm_overlap and plan.tp > 1:
-        n3.append("TP communication overlap: Megatron-DeepSpeed has no userbuffers overlap; exported without it")
+    if mtp_depth(model):
+        n3.append(f"{mtp_depth(model)} multi-token-prediction module(s): Megatron-DeepSpeed has none; exported "
+                  "without them")
     return margs + pargs + _train_args(plan, stack), n1 + n2 + n3
 
 
@@ -151,6 +199,12 @@ class DeepSpeedExporter:
     formats = ("sh",)
     description = "DeepSpeed JSON config plus Megatron-DeepSpeed launch arguments (bash)"
 
+    def target(self, fmt: str) -> str:
+        """Megatron-DeepSpeed's last main commit in the mirror and the DeepSpeed whose DeepSpeedConfig the tests
+        parse the JSON with (DeepSpeed reads unknown top-level keys silently but validates its sections, so the
+        release is said here, not in the JSON)."""
+        return "Megatron-DeepSpeed f4157bea (2024-12-24) pretrain_gpt.py with DeepSpeed 0.19.8"
+
     def suffix(self, fmt: str) -> str:
         """Bash script."""
         return ".sh"
@@ -161,7 +215,8 @@ class DeepSpeedExporter:
         cfg, n1 = ds_config(plan, stack)
         args, n2 = mds_args(model, plan, stack)
         notes = tuple(n1 + n2)
-        head = header_lines(framework="DeepSpeed", model=model, plan=plan, gpus=gpus, approximations=notes)
+        head = header_lines(framework="DeepSpeed", target=self.target(fmt), model=model, plan=plan, gpus=gpus,
+                            approximations=notes)
         head += ["source this file, then: deepspeed --num_nodes $NNODES --num_gpus $GPUS_PER_NODE \\",
                  '    pretrain_gpt.py "${MDS_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ...']
         text = "\n".join(["#!/usr/bin/env bash", comment_block(head), 'DS_CONFIG="${DS_CONFIG:-ds_config.json}"',

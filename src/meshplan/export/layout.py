@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from meshplan.cost.stage import mtp_depth
 from meshplan.spec.checks import layer_split
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
@@ -11,6 +12,25 @@ from meshplan.spec.schedules import is_csv
 def stage_layers(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
     """Layers per virtual stage in pipeline order (pp*vpp entries)."""
     return layer_split(model, plan)
+
+
+def decoder_layers(model: ModelSpec) -> int:
+    """Layers without the multi-token-prediction modules (the frameworks count those apart: Megatron's
+    ``--mtp-num-layers``)."""
+    return model.n_layers - mtp_depth(model)
+
+
+def decoder_split(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
+    """Decoder layers per virtual stage: meshplan's split less the MTP modules it counts on the last stage(s),
+    where Megatron-Core builds them (``mtp_on_this_rank``: the last pipeline stage).
+
+    Example: DeepSeek-V3 with one MTP module on 4 stages (16, 16, 15, 15) -> (16, 16, 15, 14).
+    """
+    split, left = list(stage_layers(model, plan)), mtp_depth(model)
+    for i in range(len(split) - 1, -1, -1):
+        take = min(split[i], left)
+        split[i], left = split[i] - take, left - take
+    return tuple(split)
 
 
 def uniform_split(split: tuple[int, ...]) -> int:

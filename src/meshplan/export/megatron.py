@@ -3,92 +3,20 @@
 Option names are those of NVIDIA/Megatron-LM ``megatron/training/arguments.py`` (network size, training,
 distributed, mixed precision, Transformer-Engine, MoE and MLA groups). Uneven pipeline splits use
 ``--decoder-first/last-pipeline-num-layers`` when only the end stages differ, else the
-``--pipeline-model-parallel-layout`` string (``E`` embedding, ``t`` decoder layer, ``L`` loss, ``|`` between stages).
+``--pipeline-model-parallel-layout`` string (``E`` embedding, ``t`` decoder layer, ``m`` MTP module, ``L`` loss,
+``|`` between stages). The model-defining arguments are built in ``megatron_model``.
 """
 
 from __future__ import annotations
 
 from meshplan import catalog
+from meshplan.cost.stage import mtp_depth
 from meshplan.export.base import ExportResult, comment_block, header_lines
-from meshplan.export.layout import (
-    dense_ffn,
-    first_last_split,
-    is_csv_schedule,
-    model_notes,
-    moe_first_dense,
-    stage_layers,
-    uniform_split,
-)
+from meshplan.export.layout import decoder_split, first_last_split, is_csv_schedule, uniform_split
+from meshplan.export.megatron_model import Args, model_args
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
-
-Args = list[tuple[str, object]]
-"""(flag, value) pairs; value None means a bare switch."""
-
-_NORMS = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
-_POSITIONS = {"rope": "rope", "learned": "learned_absolute", "none": "none"}
-
-
-def _shape_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
-    dec, att = model.decoder, model.decoder.attention
-    notes: list[str] = []
-    args: Args = [("--num-layers", model.n_layers), ("--hidden-size", dec.hidden),
-                  ("--ffn-hidden-size", dense_ffn(model)), ("--num-attention-heads", att.n_heads)]
-    if att.kind == "gqa" and att.head_dim * att.n_heads != dec.hidden:
-        args.append(("--kv-channels", att.head_dim))
-    if att.kind == "gqa" and att.n_kv_heads < att.n_heads:
-        args += [("--group-query-attention", None), ("--num-query-groups", att.n_kv_heads)]
-    args += [("--seq-length", plan.seq_len), ("--max-position-embeddings", max(plan.seq_len, model.max_seq_len))]
-    if model.position in _POSITIONS:
-        args.append(("--position-embedding-type", _POSITIONS[model.position]))
-    else:
-        notes.append(f"position encoding '{model.position}': Megatron-LM has no such option; exported as rope")
-        args.append(("--position-embedding-type", "rope"))
-    args.append(("--normalization", _NORMS[dec.norm]))
-    if dec.activation == "swiglu":
-        args.append(("--swiglu", None))
-    elif dec.activation == "relu2":
-        args.append(("--squared-relu", None))
-    elif dec.activation == "geglu":
-        notes.append("GeGLU: pretrain_gpt.py has no flag for gelu with a gated linear unit (--quick-geglu is a "
-                     "different function); exported as --swiglu, which has the same shapes and FLOPs")
-        args.append(("--swiglu", None))
-    if not dec.bias:
-        args.append(("--disable-bias-linear", None))
-    if not model.tied_embeddings:
-        args.append(("--untie-embeddings-and-output-weights", None))
-    args.append(("--vocab-size", model.vocab))
-    return args, notes + model_notes(model)
-
-
-def _mla_args(model: ModelSpec) -> Args:
-    att = model.decoder.attention
-    if att.kind != "mla":
-        return []
-    args: Args = [("--multi-latent-attention", None)]
-    if att.q_lora_rank:
-        args.append(("--q-lora-rank", att.q_lora_rank))
-    return args + [("--kv-lora-rank", att.kv_lora_rank), ("--qk-head-dim", att.head_dim),
-                   ("--qk-pos-emb-head-dim", att.qk_rope_head_dim), ("--v-head-dim", att.v_dim)]
-
-
-def _moe_args(model: ModelSpec, plan: Plan) -> Args:
-    moe = model.decoder.moe
-    if moe is None:
-        return []
-    args: Args = [("--num-experts", moe.n_experts), ("--moe-router-topk", moe.top_k),
-                  ("--moe-ffn-hidden-size", moe.expert_ffn_hidden), ("--moe-grouped-gemm", None)]
-    if moe.n_shared_experts:
-        args.append(("--moe-shared-expert-intermediate-size", moe.n_shared_experts * moe.shared_width))
-    dense = moe_first_dense(model)
-    if dense > 0:
-        args.append(("--moe-layer-freq", f"([0]*{dense}+[1]*{model.n_layers - dense})"))
-    if moe.capacity_factor:
-        args.append(("--moe-expert-capacity-factor", moe.capacity_factor))
-    if plan.ep > 1:
-        args.append(("--moe-token-dispatcher-type", "alltoall"))
-    return args
 
 
 def _parallel_args(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> tuple[Args, list[str]]:
@@ -100,8 +28,13 @@ def _parallel_args(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> tup
         args += [("--expert-model-parallel-size", plan.ep), ("--expert-tensor-parallel-size", plan.etp)]
     if plan.sp and plan.tp > 1:
         args.append(("--sequence-parallel", None))
-    if stack.tp_comm_overlap and plan.tp > 1:
+    if stack.tp_comm_overlap and plan.tp > 1 and plan.sp:
         args.append(("--tp-comm-overlap", None))
+    elif stack.tp_comm_overlap and plan.tp > 1:
+        # arguments.py validate_args: "Tensor parallel communication/GEMM overlap can happen only when sequence
+        # parallelism is enabled"
+        notes.append("TP communication overlap without sequence parallelism: Megatron-LM refuses "
+                     "--tp-comm-overlap without --sequence-parallel; exported without it")
     if plan.rank_order == "tp-cp-ep-pp-dp":
         args.append(("--use-tp-pp-dp-mapping", None))
     elif plan.rank_order != "tp-cp-ep-dp-pp":
@@ -110,14 +43,16 @@ def _parallel_args(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> tup
     return args, notes
 
 
-def layout_string(split: tuple[int, ...]) -> str:
-    """Megatron ``--pipeline-model-parallel-layout`` for layers per virtual stage in pipeline order.
+def layout_string(split: tuple[int, ...], mtp: int = 0) -> str:
+    """Megatron ``--pipeline-model-parallel-layout`` for decoder layers per virtual stage in pipeline order, with
+    ``mtp`` multi-token-prediction modules (``m``) before the loss on the last stage
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py).
 
-    Example: (3, 4, 4, 2) -> ``Et*3|t*4|t*4|t*2L``.
+    Example: (3, 4, 4, 2) -> ``Et*3|t*4|t*4|t*2L``; with mtp=1 the last stage is ``t*2mL``.
     """
     stages = [f"t*{n}" if n else "" for n in split]
     stages[0] = "E" + stages[0]
-    stages[-1] = stages[-1] + "L"
+    stages[-1] = stages[-1] + "m" * mtp + "L"
     return "|".join(stages)
 
 
@@ -132,7 +67,8 @@ def _pipeline_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
                      "stages are set); exported as " + ("interleaved 1F1B" if plan.vpp > 1 else "1F1B"))
     if plan.pp == 1:
         return [], notes
-    split = stage_layers(model, plan)
+    # the MTP modules go on the last stage, where Megatron-Core builds them unless a layout says otherwise
+    split = decoder_split(model, plan)
     per_stage, ends = uniform_split(split), first_last_split(split)
     if per_stage and plan.vpp > 1:
         return [("--num-layers-per-virtual-pipeline-stage", per_stage)], notes
@@ -141,7 +77,7 @@ def _pipeline_args(model: ModelSpec, plan: Plan) -> tuple[Args, list[str]]:
     if ends and plan.vpp == 1:
         return [("--decoder-first-pipeline-num-layers", ends[0]),
                 ("--decoder-last-pipeline-num-layers", ends[1])], notes
-    return [("--pipeline-model-parallel-layout", layout_string(split))], notes
+    return [("--pipeline-model-parallel-layout", layout_string(split, mtp_depth(model)))], notes
 
 
 def _batch_and_memory_args(plan: Plan, stack: FrameworkProfile) -> tuple[Args, list[str]]:
@@ -199,12 +135,12 @@ def _precision_args(plan: Plan) -> Args:
 
 def megatron_args(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> tuple[Args, tuple[str, ...]]:
     """The pretrain_gpt.py arguments for the plan under the stack's settings, and the approximations they make."""
-    shape, n1 = _shape_args(model, plan)
+    shape, n1 = model_args(model, plan)
     par, n2 = _parallel_args(model, plan, stack)
     pipe, n3 = _pipeline_args(model, plan)
     mem, n4 = _batch_and_memory_args(plan, stack)
     opt, n5 = _optimizer_args(plan, stack)
-    args = shape + _mla_args(model) + _moe_args(model, plan) + par + pipe + mem + opt + _precision_args(plan)
+    args = shape + par + pipe + mem + opt + _precision_args(plan)
     return args, tuple(n1 + n2 + n3 + n4 + n5)
 
 
@@ -230,6 +166,11 @@ class MegatronExporter:
     formats = ("sh",)
     description = "Megatron-LM pretrain_gpt.py arguments (bash array)"
 
+    def target(self, fmt: str) -> str:
+        """The release whose parser the arguments are written for (checked against megatron-core 0.16.1's
+        TransformerConfig in the tests; every name also exists at Megatron-LM 000c4ac2, 2025-11-13)."""
+        return "Megatron-LM core_v0.16.1 (megatron-core 0.16.1) pretrain_gpt.py"
+
     def suffix(self, fmt: str) -> str:
         """Bash script."""
         return ".sh"
@@ -238,7 +179,8 @@ class MegatronExporter:
                fmt: str = "") -> ExportResult:
         """The arguments as a bash array plus a commented torchrun line."""
         args, notes = megatron_args(model, plan, stack)
-        head = header_lines(framework="Megatron-LM", model=model, plan=plan, gpus=gpus, approximations=notes)
+        head = header_lines(framework="Megatron-LM", target=self.target(fmt), model=model, plan=plan, gpus=gpus,
+                            approximations=notes)
         launch = [f"launch on {plan.n_gpus} GPUs, adding tokenizer, data and optimizer arguments:",
                   "  torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE pretrain_gpt.py \\",
                   '      "${MEGATRON_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ... --train-iters ...']

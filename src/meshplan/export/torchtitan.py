@@ -14,24 +14,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.cost.stage import mtp_depth
 from meshplan.export.base import (
     ExportResult,
     comment_block,
     header_lines,
     resolve_format,
 )
-from meshplan.export.layout import is_csv_schedule, model_notes, stage_layers
+from meshplan.export.layout import decoder_layers, decoder_split, is_csv_schedule, model_notes
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
 from meshplan.spec.schedules import schedule_spec
 
-# (family, n_layers, hidden) -> (torchtitan model name, flavor, >=0.3 config-registry function)
+# (family, n_layers, hidden) -> (torchtitan model name, flavor, >=0.3 config-registry function, RoPE of the flavor
+# as (theta, scaling, factor)). RoPE from torchtitan 0.2.2 models/llama3/model/args.py (rope_theta 500000 in each
+# flavor, RoPEScalingArgs factor 8 always applied; 0.3.0 ComplexRoPE(theta=500000, scaling="llama")) and
+# models/deepseek_v3/model/args.py (rope_theta 10000, rope_factor 40).
+_LLAMA3_ROPE = (500000.0, "llama3", 8.0)
 _FLAVORS = {
-    ("llama", 32, 4096): ("llama3", "8B", "llama3_8b"),
-    ("llama", 80, 8192): ("llama3", "70B", "llama3_70b"),
-    ("llama", 126, 16384): ("llama3", "405B", "llama3_405b"),
-    ("deepseek_v3", 61, 7168): ("deepseek_v3", "671B", "deepseek_v3_671b"),
+    ("llama", 32, 4096): ("llama3", "8B", "llama3_8b", _LLAMA3_ROPE),
+    ("llama", 80, 8192): ("llama3", "70B", "llama3_70b", _LLAMA3_ROPE),
+    ("llama", 126, 16384): ("llama3", "405B", "llama3_405b", _LLAMA3_ROPE),
+    ("deepseek_v3", 61, 7168): ("deepseek_v3", "671B", "deepseek_v3_671b", (10000.0, "yarn", 40.0)),
 }
 
 
@@ -48,14 +53,20 @@ class TitanModel:
 
 
 def titan_model(model: ModelSpec) -> tuple[TitanModel, list[str]]:
-    """The torchtitan model and flavor for a meshplan model, and a note when torchtitan ships none."""
-    key = (model.family, model.n_layers, model.hidden)
+    """The torchtitan model and flavor for a meshplan model, and a note when torchtitan ships none or when its
+    flavor's RoPE is not the model's."""
+    key = (model.family, decoder_layers(model), model.hidden)
     if key in _FLAVORS:
-        name, flavor, fn = _FLAVORS[key]
-        return TitanModel(name=name, flavor=flavor, config_fn=fn), []
+        name, flavor, fn, rope = _FLAVORS[key]
+        ours = (model.rope_theta, model.rope_scaling, model.rope_scaling_factor if model.rope_scaling != "none"
+                else 1.0)
+        notes = [] if ours == rope else [
+            f"RoPE: torchtitan's {name} {flavor} uses base {rope[0]:g} with {rope[1]} scaling x{rope[2]:g}; the model "
+            f"has base {ours[0]:g}, scaling {ours[1]}" + (f" x{ours[2]:g}" if ours[1] != "none" else "")]
+        return TitanModel(name=name, flavor=flavor, config_fn=fn), notes
     base = "deepseek_v3" if model.is_moe else "llama3"
     fn = "deepseek_v3_671b" if model.is_moe else "llama3_8b"
-    note = (f"model {model.name}: torchtitan ships no flavor with {model.n_layers} layers x {model.hidden} "
+    note = (f"model {model.name}: torchtitan ships no flavor with {decoder_layers(model)} layers x {model.hidden} "
             f"({model.family}); the config names flavor '{model.name}' of '{base}', which you must register")
     return TitanModel(name=base, flavor=model.name, config_fn=fn), [note]
 
@@ -103,7 +114,7 @@ def _pipeline(model: ModelSpec, plan: Plan, *, head: str) -> tuple[dict, list[st
     else:
         # torch.distributed.pipelining's get_schedule_class name, as the schedule registry spells it.
         sec["pipeline_parallel_schedule"] = schedule_spec(name).torchtitan
-    sec["module_fqns_per_model_part"] = stage_fqns(stage_layers(model, plan), head=head)
+    sec["module_fqns_per_model_part"] = stage_fqns(decoder_split(model, plan), head=head)
     return sec, notes
 
 
@@ -166,9 +177,42 @@ def activation_checkpoint(model: ModelSpec, plan: Plan, stack: FrameworkProfile)
     return {"mode": "full"}, []
 
 
+def float8_sections(model: ModelSpec, plan: Plan, par: dict) -> tuple[list[str], dict, list[str]]:
+    """Converters and [quantize] tables for fp8 (torchtitan 0.2.2 components/quantization/float8.py): the linears
+    by Float8LinearConverter (head and router kept in bf16, as train_configs/llama3_405b.toml and
+    deepseek_v3_671b.toml filter them), and MoE expert GEMMs by Float8GroupedMMConverter
+    ([quantize.grouped_mm.float8] fqns = ["experts"]), which asserts pp = 1 and cp = 1."""
+    fp8: dict = {"recipe_name": "tensorwise", "filter_fqns": ["output"] + (["router.gate"] if model.is_moe else [])}
+    if par["data_parallel_shard_degree"] > 1:
+        fp8 |= {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
+    converters, quantize = ["quantize.linear.float8"], {"linear": {"float8": fp8}}
+    if not model.is_moe:
+        return converters, quantize, []
+    if plan.pp > 1 or plan.cp > 1:
+        return converters, quantize, [
+            f"fp8 expert GEMMs with pp={plan.pp}, cp={plan.cp}: torchtitan 0.2.2's Float8GroupedMMConverter asserts "
+            "pp = 1 and cp = 1, so the grouped expert GEMMs stay bf16 (only the linears run fp8)"]
+    quantize["grouped_mm"] = {"float8": {"fqns": ["experts"]}}
+    return converters + ["quantize.grouped_mm.float8"], quantize, []
+
+
+def toml_extras(model: ModelSpec, plan: Plan, doc: dict) -> list[str]:
+    """Add torchtitan 0.2's fp8 tables to ``doc``; the notes for fp8 and for MTP, which 0.2 lacks."""
+    notes = []
+    if plan.precision == "fp8":
+        converters, quantize, notes = float8_sections(model, plan, doc["parallelism"])
+        doc["model"]["converters"] = converters
+        doc["quantize"] = quantize
+    if mtp_depth(model):
+        notes.append(f"{mtp_depth(model)} multi-token-prediction module(s): torchtitan 0.2 has no MTP; exported "
+                     "without them")
+    return notes
+
+
 def job_sections(model: ModelSpec, plan: Plan, stack: FrameworkProfile, *,
                  head: str = "output") -> tuple[dict, list[str]]:
-    """Every table of the job config (0.2 names) and all approximations."""
+    """Every table of the job config (0.2 names) and its approximations, fp8 and MTP aside (they differ between
+    0.2 and 0.3: ``toml_extras`` and ``torchtitan_py``)."""
     tm, notes = titan_model(model)
     par, n1 = parallelism(model, plan, stack, head=head)
     tr, n2 = training(plan, stack)
@@ -179,12 +223,6 @@ def job_sections(model: ModelSpec, plan: Plan, stack: FrameworkProfile, *,
     # The stack's fused_optimizer: torchtitan's [optimizer] implementation ("fused" is its default; "for-loop" is
     # torch's per-tensor path).
     doc["optimizer"] = {"name": "AdamW", "implementation": "fused" if stack.fused_optimizer else "for-loop"}
-    if plan.precision == "fp8":
-        doc["model"]["converters"] = ["quantize.linear.float8"]
-        fp8: dict = {"recipe_name": "tensorwise"}
-        if par["data_parallel_shard_degree"] > 1:
-            fp8 |= {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
-        doc["quantize"] = {"linear": {"float8": fp8}}
     # torch.compile where the stack fuses its elementwise ops (torchtitan-compiled), and always under AsyncTP, which
     # torchtitan refuses without it (parallelize.py: "Async TP requires --training.compile").
     if stack.fused_kernels or par.get("enable_async_tensor_parallel"):
@@ -200,6 +238,12 @@ class TorchtitanExporter:
     formats = ("toml", "python")
     description = "torchtitan job config (TOML for 0.1/0.2, Python config registry for >= 0.3)"
 
+    def target(self, fmt: str) -> str:
+        """The release each layout is written for (the tests parse it with that release's ConfigManager)."""
+        if resolve_format(self, fmt) == "python":
+            return "torchtitan 0.3.0 (torchtitan/config/configs.py config registry)"
+        return "torchtitan 0.2.2 (torchtitan/config/job_config.py TOML job file)"
+
     def suffix(self, fmt: str) -> str:
         """``.toml`` or ``.py``."""
         return ".py" if fmt == "python" else ".toml"
@@ -210,11 +254,12 @@ class TorchtitanExporter:
         if resolve_format(self, fmt) == "python":
             from meshplan.export.torchtitan_py import render_python
 
-            return render_python(model, plan, stack, gpus=gpus)
+            return render_python(model, plan, stack, gpus=gpus, target=self.target(fmt))
         import tomli_w
 
         doc, notes = job_sections(model, plan, stack)
-        head = header_lines(framework="torchtitan", model=model, plan=plan, gpus=gpus,
+        notes += toml_extras(model, plan, doc)
+        head = header_lines(framework="torchtitan", target=self.target(fmt), model=model, plan=plan, gpus=gpus,
                             approximations=tuple(notes))
         head.append("run: torchrun ... -m torchtitan.train --job.config_file THIS_FILE")
         text = comment_block(head) + "\n\n" + tomli_w.dumps(doc)

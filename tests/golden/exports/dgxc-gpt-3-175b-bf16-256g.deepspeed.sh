@@ -1,6 +1,7 @@
-# APPROXIMATE: the plan was predicted for the nemo stack; deepspeed runs it as megatron-deepspeed (kernels, sharding and overlap differ): re-predict with --framework megatron-deepspeed
 #!/usr/bin/env bash
+# APPROXIMATE: the plan was predicted for the nemo stack; deepspeed runs it as megatron-deepspeed (kernels, sharding and overlap differ): re-predict with --framework megatron-deepspeed
 # meshplan export for DeepSpeed
+# target: Megatron-DeepSpeed f4157bea (2024-12-24) pretrain_gpt.py with DeepSpeed 0.19.8
 # model: gpt3-175b (96 layers); gpus: 256xh100-sxm
 # plan: global_batch=512, seq_len=2048, tp=4, sp=True, pp=8, vpp=12, dp=8, zero=1, framework=nemo
 # APPROXIMATE: DeepSpeed cannot express 1 part(s) of the plan:
@@ -35,6 +36,12 @@ MDS_ARGS=(
     --seq-length 2048
     --max-position-embeddings 2048
     --normalization layernorm
+    --layernorm-epsilon 1e-05
+    --no-query-key-layer-scaling
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
+    --vocab-size 51200
+    --make-vocab-size-divisible-by 12800
     --tensor-model-parallel-size 4
     --pipeline-model-parallel-size 8
     --sequence-parallel

@@ -1,6 +1,7 @@
 # APPROXIMATE: the plan was predicted for the nemo stack; torchtitan runs it as torchtitan (kernels, sharding and overlap differ): re-predict with --framework torchtitan
 """meshplan export: torchtitan >= 0.3 config registry."""
 # meshplan export for torchtitan
+# target: torchtitan 0.3.0 (torchtitan/config/configs.py config registry)
 # model: gpt3-175b (96 layers); gpus: 256xh100-sxm
 # plan: global_batch=512, seq_len=2048, tp=4, sp=True, pp=8, vpp=12, dp=8, zero=1, framework=nemo
 # APPROXIMATE: torchtitan cannot express 2 part(s) of the plan:

@@ -1,6 +1,7 @@
-# APPROXIMATE: the plan was predicted for the nemo stack; deepspeed runs it as megatron-deepspeed (kernels, sharding and overlap differ): re-predict with --framework megatron-deepspeed
 #!/usr/bin/env bash
+# APPROXIMATE: the plan was predicted for the nemo stack; deepspeed runs it as megatron-deepspeed (kernels, sharding and overlap differ): re-predict with --framework megatron-deepspeed
 # meshplan export for DeepSpeed
+# target: Megatron-DeepSpeed f4157bea (2024-12-24) pretrain_gpt.py with DeepSpeed 0.19.8
 # model: grok-1-314b (64 layers); gpus: 1024xh100-sxm
 # plan: global_batch=2048, seq_len=8192, tp=4, sp=True, cp=2, pp=8, vpp=8, dp=16, zero=1, ep=8, framework=nemo
 # APPROXIMATE: DeepSpeed cannot express 3 part(s) of the plan:
@@ -38,14 +39,26 @@ MDS_ARGS=(
     --max-position-embeddings 8192
     --num-key-value-heads 8
     --normalization rmsnorm
+    --layernorm-epsilon 1e-05
     --swiglu
+    --disable-bias-linear
+    --untie-embeddings-and-output-weights
     --use-rotary-position-embeddings
     --no-position-embedding
-    --untie-embeddings-and-output-weights
+    --rotary-position-embeddings-theta 10000
+    --no-query-key-layer-scaling
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
+    --vocab-size 131072
+    --make-vocab-size-divisible-by 32768
     --num-experts 8
     --topk 2
     --expert-interval 1
     --moe-expert-parallel-size 8
+    --moe-loss-coeff 0.0
+    --create-moe-param-group
+    --disable-moe-token-dropping
+    --disable-moe-top2-2nd-expert-sampling
     --tensor-model-parallel-size 4
     --pipeline-model-parallel-size 8
     --sequence-parallel

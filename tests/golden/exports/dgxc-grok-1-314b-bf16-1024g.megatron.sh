@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # meshplan export for Megatron-LM
+# target: Megatron-LM core_v0.16.1 (megatron-core 0.16.1) pretrain_gpt.py
 # model: grok-1-314b (64 layers); gpus: 1024xh100-sxm
 # plan: global_batch=2048, seq_len=8192, tp=4, sp=True, cp=2, pp=8, vpp=8, dp=16, zero=1, ep=8, framework=nemo
 # APPROXIMATE: Megatron-LM cannot express 1 part(s) of the plan:
@@ -16,17 +17,25 @@ MEGATRON_ARGS=(
     --num-query-groups 8
     --seq-length 8192
     --max-position-embeddings 8192
-    --position-embedding-type rope
     --normalization RMSNorm
+    --norm-epsilon 1e-05
     --swiglu
     --disable-bias-linear
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
     --untie-embeddings-and-output-weights
     --vocab-size 131072
+    --make-vocab-size-divisible-by 32768
+    --position-embedding-type rope
+    --rotary-base 10000
     --num-experts 8
     --moe-router-topk 2
     --moe-ffn-hidden-size 32768
     --moe-grouped-gemm
     --moe-token-dispatcher-type alltoall
+    --moe-router-score-function softmax
+    --moe-router-load-balancing-type aux_loss
+    --moe-aux-loss-coeff 0.0
     --tensor-model-parallel-size 4
     --pipeline-model-parallel-size 8
     --context-parallel-size 2

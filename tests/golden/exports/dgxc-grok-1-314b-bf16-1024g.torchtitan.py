@@ -1,6 +1,7 @@
 # APPROXIMATE: the plan was predicted for the nemo stack; torchtitan runs it as torchtitan (kernels, sharding and overlap differ): re-predict with --framework torchtitan
 """meshplan export: torchtitan >= 0.3 config registry."""
 # meshplan export for torchtitan
+# target: torchtitan 0.3.0 (torchtitan/config/configs.py config registry)
 # model: grok-1-314b (64 layers); gpus: 1024xh100-sxm
 # plan: global_batch=2048, seq_len=8192, tp=4, sp=True, cp=2, pp=8, vpp=8, dp=16, zero=1, ep=8, framework=nemo
 # APPROXIMATE: torchtitan cannot express 2 part(s) of the plan:

@@ -1,9 +1,11 @@
-# APPROXIMATE: the plan was predicted for the nemo stack; deepspeed runs it as megatron-deepspeed (kernels, sharding and overlap differ): re-predict with --framework megatron-deepspeed
 #!/usr/bin/env bash
+# APPROXIMATE: the plan was predicted for the nemo stack; deepspeed runs it as megatron-deepspeed (kernels, sharding and overlap differ): re-predict with --framework megatron-deepspeed
 # meshplan export for DeepSpeed
+# target: Megatron-DeepSpeed f4157bea (2024-12-24) pretrain_gpt.py with DeepSpeed 0.19.8
 # model: llama3.1-70b (80 layers); gpus: 64xh100-sxm
 # plan: global_batch=128, seq_len=8192, tp=4, sp=True, cp=2, pp=4, vpp=5, dp=2, zero=1, framework=nemo
-# APPROXIMATE: DeepSpeed cannot express 2 part(s) of the plan:
+# APPROXIMATE: DeepSpeed cannot express 3 part(s) of the plan:
+#   - RoPE scaling llama3 (factor 8): Megatron-DeepSpeed's RotaryEmbedding has none; exported unscaled
 #   - ring context parallel: Megatron-DeepSpeed splits sequences with DeepSpeed-Ulysses (all-to-all); exported as Ulysses
 #   - schedule interleaved_1f1b with vpp=5: DeepSpeed's pipeline engine runs 1F1B on one stage per rank (or ZB-H1); exported as 1F1B
 # source this file, then: deepspeed --num_nodes $NNODES --num_gpus $GPUS_PER_NODE \
@@ -37,10 +39,18 @@ MDS_ARGS=(
     --max-position-embeddings 8192
     --num-key-value-heads 8
     --normalization rmsnorm
+    --layernorm-epsilon 1e-05
     --swiglu
+    --disable-bias-linear
+    --untie-embeddings-and-output-weights
     --use-rotary-position-embeddings
     --no-position-embedding
-    --untie-embeddings-and-output-weights
+    --rotary-position-embeddings-theta 500000
+    --no-query-key-layer-scaling
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
+    --vocab-size 128256
+    --make-vocab-size-divisible-by 32064
     --tensor-model-parallel-size 4
     --pipeline-model-parallel-size 4
     --sequence-parallel

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # meshplan export for Megatron-LM
+# target: Megatron-LM core_v0.16.1 (megatron-core 0.16.1) pretrain_gpt.py
 # model: llama3.1-70b (80 layers); gpus: 64xh100-sxm
 # plan: global_batch=128, seq_len=8192, tp=4, sp=True, cp=2, pp=4, vpp=5, dp=2, zero=1, framework=nemo
 # exact: Megatron-LM expresses every part of the plan
@@ -15,12 +16,19 @@ MEGATRON_ARGS=(
     --num-query-groups 8
     --seq-length 8192
     --max-position-embeddings 8192
-    --position-embedding-type rope
     --normalization RMSNorm
+    --norm-epsilon 1e-05
     --swiglu
     --disable-bias-linear
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
     --untie-embeddings-and-output-weights
     --vocab-size 128256
+    --make-vocab-size-divisible-by 32064
+    --position-embedding-type rope
+    --rotary-base 500000
+    --use-rope-scaling
+    --rope-scaling-factor 8
     --tensor-model-parallel-size 4
     --pipeline-model-parallel-size 4
     --context-parallel-size 2

@@ -1,6 +1,7 @@
 # APPROXIMATE: the plan was predicted for the nemo stack; torchtitan runs it as torchtitan (kernels, sharding and overlap differ): re-predict with --framework torchtitan
 """meshplan export: torchtitan >= 0.3 config registry."""
 # meshplan export for torchtitan
+# target: torchtitan 0.3.0 (torchtitan/config/configs.py config registry)
 # model: llama3.1-70b (80 layers); gpus: 64xh100-sxm
 # plan: global_batch=128, seq_len=8192, tp=4, sp=True, cp=2, pp=4, vpp=5, dp=2, zero=1, framework=nemo
 # APPROXIMATE: torchtitan cannot express 1 part(s) of the plan:

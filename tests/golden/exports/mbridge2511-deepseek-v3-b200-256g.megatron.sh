@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # meshplan export for Megatron-LM
+# target: Megatron-LM core_v0.16.1 (megatron-core 0.16.1) pretrain_gpt.py
 # model: deepseek-v3 (61 layers); gpus: 256xb200
 # plan: global_batch=2048, seq_len=4096, pp=16, dp=16, zero=1, ep=8, precision=fp8, framework=megatron-bridge
 # exact: Megatron-LM expresses every part of the plan
@@ -13,12 +14,22 @@ MEGATRON_ARGS=(
     --num-attention-heads 128
     --seq-length 4096
     --max-position-embeddings 4096
-    --position-embedding-type rope
     --normalization RMSNorm
+    --norm-epsilon 1e-06
     --swiglu
     --disable-bias-linear
+    --qk-layernorm
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
     --untie-embeddings-and-output-weights
     --vocab-size 129280
+    --make-vocab-size-divisible-by 129280
+    --position-embedding-type rope
+    --rotary-base 10000
+    --rope-type yarn
+    --rotary-scaling-factor 40
+    --mscale 1.0
+    --mscale-all-dim 1.0
     --multi-latent-attention
     --q-lora-rank 1536
     --kv-lora-rank 512
@@ -32,6 +43,14 @@ MEGATRON_ARGS=(
     --moe-shared-expert-intermediate-size 2048
     --moe-layer-freq '([0]*3+[1]*58)'
     --moe-token-dispatcher-type alltoall
+    --moe-router-score-function sigmoid
+    --moe-router-enable-expert-bias
+    --moe-router-bias-update-rate 0.001
+    --moe-router-topk-scaling-factor 2.5
+    --moe-router-num-groups 8
+    --moe-router-group-topk 4
+    --moe-router-load-balancing-type seq_aux_loss
+    --moe-aux-loss-coeff 0.0001
     --tensor-model-parallel-size 1
     --pipeline-model-parallel-size 16
     --expert-model-parallel-size 8

@@ -1,6 +1,7 @@
 # APPROXIMATE: the plan was predicted for the megatron-bridge stack; torchtitan runs it as torchtitan (kernels, sharding and overlap differ): re-predict with --framework torchtitan
 """meshplan export: torchtitan >= 0.3 config registry."""
 # meshplan export for torchtitan
+# target: torchtitan 0.3.0 (torchtitan/config/configs.py config registry)
 # model: deepseek-v3 (61 layers); gpus: 256xb200
 # plan: global_batch=2048, seq_len=4096, pp=16, dp=16, zero=1, ep=8, precision=fp8, framework=megatron-bridge
 # APPROXIMATE: torchtitan cannot express 2 part(s) of the plan:
@@ -12,14 +13,15 @@ from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.models.deepseek_v3 import model_registry
 from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_671b
-from torchtitan.components.quantization import Float8LinearConverter
+from torchtitan.components.quantization import Float8LinearConverter, Float8GroupedExpertsConverter
 
 
 def meshplan_config():
     """deepseek-v3 on 256 GPUs."""
     config = deepseek_v3_671b()
     config.model_spec = model_registry('671B', converters=[
-        Float8LinearConverter.Config(filter_fqns=['lm_head'], model_compile_enabled=True),
+        Float8LinearConverter.Config(filter_fqns=['lm_head', 'router.gate'], model_compile_enabled=True),
+        Float8GroupedExpertsConverter.Config(model_compile_enabled=True),
     ])
     config.training = TrainingConfig(
         local_batch_size=128,

@@ -1,6 +1,7 @@
-# APPROXIMATE: the plan was predicted for the torchtitan stack; deepspeed runs it as megatron-deepspeed (kernels, sharding and overlap differ): re-predict with --framework megatron-deepspeed
 #!/usr/bin/env bash
+# APPROXIMATE: the plan was predicted for the torchtitan stack; deepspeed runs it as megatron-deepspeed (kernels, sharding and overlap differ): re-predict with --framework megatron-deepspeed
 # meshplan export for DeepSpeed
+# target: Megatron-DeepSpeed f4157bea (2024-12-24) pretrain_gpt.py with DeepSpeed 0.19.8
 # model: llama3-8b (32 layers); gpus: 128xh100-hbm2e-96gb
 # plan: global_batch=256, seq_len=8192, micro_batch=2, dp=128, zero=3, recompute=selective, framework=torchtitan
 # APPROXIMATE: DeepSpeed cannot express 1 part(s) of the plan:
@@ -41,10 +42,18 @@ MDS_ARGS=(
     --max-position-embeddings 8192
     --num-key-value-heads 8
     --normalization rmsnorm
+    --layernorm-epsilon 1e-05
     --swiglu
+    --disable-bias-linear
+    --untie-embeddings-and-output-weights
     --use-rotary-position-embeddings
     --no-position-embedding
-    --untie-embeddings-and-output-weights
+    --rotary-position-embeddings-theta 500000
+    --no-query-key-layer-scaling
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
+    --vocab-size 128256
+    --make-vocab-size-divisible-by 128256
     --tensor-model-parallel-size 1
     --pipeline-model-parallel-size 1
     --no-pipeline-parallel

@@ -1,6 +1,7 @@
-# APPROXIMATE: the plan was predicted for the torchtitan stack; megatron runs it as megatron-core (kernels, sharding and overlap differ): re-predict with --framework megatron-core
 #!/usr/bin/env bash
+# APPROXIMATE: the plan was predicted for the torchtitan stack; megatron runs it as megatron-core (kernels, sharding and overlap differ): re-predict with --framework megatron-core
 # meshplan export for Megatron-LM
+# target: Megatron-LM core_v0.16.1 (megatron-core 0.16.1) pretrain_gpt.py
 # model: llama3-8b (32 layers); gpus: 128xh100-hbm2e-96gb
 # plan: global_batch=256, seq_len=8192, micro_batch=2, dp=128, zero=3, recompute=selective, framework=torchtitan
 # APPROXIMATE: Megatron-LM cannot express 1 part(s) of the plan:
@@ -17,12 +18,17 @@ MEGATRON_ARGS=(
     --num-query-groups 8
     --seq-length 8192
     --max-position-embeddings 8192
-    --position-embedding-type rope
     --normalization RMSNorm
+    --norm-epsilon 1e-05
     --swiglu
     --disable-bias-linear
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
     --untie-embeddings-and-output-weights
     --vocab-size 128256
+    --make-vocab-size-divisible-by 128256
+    --position-embedding-type rope
+    --rotary-base 500000
     --tensor-model-parallel-size 1
     --pipeline-model-parallel-size 1
     --micro-batch-size 2

@@ -1,8 +1,10 @@
 """meshplan export: torchtitan >= 0.3 config registry."""
 # meshplan export for torchtitan
+# target: torchtitan 0.3.0 (torchtitan/config/configs.py config registry)
 # model: llama3-8b (32 layers); gpus: 128xh100-hbm2e-96gb
 # plan: global_batch=256, seq_len=8192, micro_batch=2, dp=128, zero=3, recompute=selective, framework=torchtitan
-# exact: torchtitan expresses every part of the plan
+# APPROXIMATE: torchtitan cannot express 1 part(s) of the plan:
+#   - RoPE: torchtitan's llama3 8B uses base 500000 with llama3 scaling x8; the model has base 500000, scaling none
 # run: torchrun ... -m torchtitan.train --module THIS_MODULE --config meshplan_config
 
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig

@@ -1,6 +1,7 @@
-# APPROXIMATE: the plan was predicted for the torchtitan-compiled stack; megatron runs it as megatron-core (kernels, sharding and overlap differ): re-predict with --framework megatron-core
 #!/usr/bin/env bash
+# APPROXIMATE: the plan was predicted for the torchtitan-compiled stack; megatron runs it as megatron-core (kernels, sharding and overlap differ): re-predict with --framework megatron-core
 # meshplan export for Megatron-LM
+# target: Megatron-LM core_v0.16.1 (megatron-core 0.16.1) pretrain_gpt.py
 # model: llama3.1-405b (126 layers); gpus: 512xh100-hbm2e-96gb
 # plan: global_batch=256, seq_len=8192, tp=8, sp=True, pp=8, vpp=2, schedule=interleaved_1f1b, dp=8, zero=3, recompute=full, precision=fp8, framework=torchtitan-compiled
 # exact: Megatron-LM expresses every part of the plan
@@ -16,12 +17,19 @@ MEGATRON_ARGS=(
     --num-query-groups 8
     --seq-length 8192
     --max-position-embeddings 8192
-    --position-embedding-type rope
     --normalization RMSNorm
+    --norm-epsilon 1e-05
     --swiglu
     --disable-bias-linear
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
     --untie-embeddings-and-output-weights
     --vocab-size 128256
+    --make-vocab-size-divisible-by 16032
+    --position-embedding-type rope
+    --rotary-base 500000
+    --use-rope-scaling
+    --rope-scaling-factor 8
     --tensor-model-parallel-size 8
     --pipeline-model-parallel-size 8
     --sequence-parallel

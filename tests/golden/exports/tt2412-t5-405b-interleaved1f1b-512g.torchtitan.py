@@ -1,5 +1,6 @@
 """meshplan export: torchtitan >= 0.3 config registry."""
 # meshplan export for torchtitan
+# target: torchtitan 0.3.0 (torchtitan/config/configs.py config registry)
 # model: llama3.1-405b (126 layers); gpus: 512xh100-hbm2e-96gb
 # plan: global_batch=256, seq_len=8192, tp=8, sp=True, pp=8, vpp=2, schedule=interleaved_1f1b, dp=8, zero=3, recompute=full, precision=fp8, framework=torchtitan-compiled
 # exact: torchtitan expresses every part of the plan
