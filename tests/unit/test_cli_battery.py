@@ -200,3 +200,19 @@ def test_fuzzed_files_never_traceback_or_hang(command, content, tmp_path, capsys
     if code == 2:
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith("error: "), (content, err)
+
+
+@pytest.mark.parametrize("command", ["plan", "estimate"])
+def test_help_lists_the_valid_values(command, capsys, monkeypatch):
+    """--help names every schedule in the registry, the ZeRO stages and the recompute modes (and, for plan's
+    pins, what 0 means)."""
+    from meshplan.spec.schedules import schedule_names
+
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option, so no value is broken across lines
+    assert main([command, "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    for name in schedule_names():
+        assert name in text, name
+    assert "0, 1, 2 or 3" in text and "none" in text and "selective" in text
+    if command == "plan":
+        assert "0 = the search chooses" in text
