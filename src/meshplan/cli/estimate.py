@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -149,6 +150,9 @@ def register(app: typer.Typer) -> None:
         stack = resolve_framework(the_plan.framework, file_settings=refs.get("framework"),
                                   flags={k: local[k] for k in STACK_FLAGS})
         sched_obj = _load_schedule(schedule_file, the_plan) if schedule_file else None
+        if mdl.max_seq_len and the_plan.seq_len > mdl.max_seq_len:
+            print(f"note: seq_len {the_plan.seq_len} exceeds {mdl.name}'s {mdl.max_seq_len} trained positions; the "
+                  "prediction times the layout, not the model's quality at that length", file=sys.stderr)
         from meshplan.sim.predict import predict
 
         est = predict(mdl, clu, the_plan, stack=stack, schedule=sched_obj,
