@@ -46,7 +46,7 @@ from meshplan.spec.plan import Plan
 # megatron/training/arguments.py (NVIDIA/Megatron-LM, commit 000c4ac2, and core_v0.16.1 where the transformer
 # options come from TransformerConfig's fields): _add_network_size_args, _add_training_args, _add_distributed_args,
 # _add_mixed_precision_args, _add_transformer_engine_args, _add_moe_args, _add_mla_args, _add_tokenizer_args,
-# _add_data_args, _add_regularization_args (dropout), _add_mtp_args
+# _add_data_args, _add_regularization_args (dropout), _add_vision_args (--qk-layernorm sits there)
 MEGATRON_OPTIONS = {
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
     "--group-query-attention", "--num-query-groups", "--max-position-embeddings", "--position-embedding-type",
