@@ -36,7 +36,7 @@ MDS_ARGS=(
     --ffn-hidden-size 28672
     --num-attention-heads 64
     --seq-length 8192
-    --max-position-embeddings 8192
+    --max-position-embeddings 131072
     --num-key-value-heads 8
     --normalization rmsnorm
     --layernorm-epsilon 1e-05

@@ -45,7 +45,7 @@ MDS_ARGS=(
     --ffn-hidden-size 2048
     --num-attention-heads 128
     --seq-length 4096
-    --max-position-embeddings 4096
+    --max-position-embeddings 163840
     --normalization rmsnorm
     --layernorm-epsilon 1e-06
     --swiglu

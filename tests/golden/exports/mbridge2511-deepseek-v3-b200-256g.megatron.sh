@@ -13,7 +13,7 @@ MEGATRON_ARGS=(
     --ffn-hidden-size 18432
     --num-attention-heads 128
     --seq-length 4096
-    --max-position-embeddings 4096
+    --max-position-embeddings 163840
     --normalization RMSNorm
     --norm-epsilon 1e-06
     --swiglu

@@ -16,7 +16,7 @@ MEGATRON_ARGS=(
     --group-query-attention
     --num-query-groups 8
     --seq-length 8192
-    --max-position-embeddings 8192
+    --max-position-embeddings 131072
     --normalization RMSNorm
     --norm-epsilon 1e-05
     --swiglu
