@@ -12,7 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from meshplan.runtime.config import RunConfig  # noqa: E402
-from meshplan.runtime.launch import torchrun_command  # noqa: E402
+from meshplan.runtime.launch import torchrun_command, worker_env  # noqa: E402
+from meshplan.runtime.procs import run_tree  # noqa: E402
 from meshplan.spec.plan import Plan  # noqa: E402
 
 TOL = 1e-5
@@ -28,10 +29,15 @@ def config(tmp: Path, name: str, *, model: str = "tiny-llama", steps: int = 3, *
 
 
 def launch(cfgs: list[RunConfig], *, nproc: int, tmp: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run every config in one torchrun launch of ``nproc`` processes."""
+    """Run every config in one torchrun launch of ``nproc`` processes, supervised like ``meshplan run``'s (a
+    timeout leaves no worker behind); returncode -1 when it timed out."""
     path = tmp / f"configs-{len(list(tmp.glob('configs-*')))}.json"
     path.write_text(json.dumps([json.loads(c.to_json()) for c in cfgs]))
-    return subprocess.run(torchrun_command(str(path), nproc), capture_output=True, text=True, timeout=timeout)
+    cmd = torchrun_command(str(path), nproc)
+    done = run_tree(cmd, timeout_s=timeout, capture=True, env=worker_env(nproc))
+    note = f"\n(stopped after {timeout} s)" if done.timed_out else ""
+    return subprocess.CompletedProcess(cmd, -1 if done.timed_out else done.returncode, done.stdout or "",
+                                       (done.stderr or "") + note)
 
 
 def _rows(cfg: RunConfig) -> list[dict]:

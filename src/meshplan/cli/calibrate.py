@@ -7,7 +7,7 @@ The benchmarks run under torchrun (``meshplan.runtime.bench``); torch is never i
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -27,14 +27,58 @@ def bench_command(out_json: str, *, nproc: int, min_time_s: float) -> list[str]:
 
 
 def run_bench(*, nproc: int, min_time_s: float = 0.05, timeout_s: float = 300) -> dict:
-    """Raw benchmark timings of ``nproc`` local processes (see ``meshplan.runtime.bench``)."""
+    """Raw benchmark timings of ``nproc`` local processes (see ``meshplan.runtime.bench``), run as a supervised
+    tree (``runtime.procs``: a stop signal or the timeout leaves no process behind)."""
+    from meshplan.runtime.launch import worker_env
+    from meshplan.runtime.procs import run_tree
+
     with tempfile.TemporaryDirectory(prefix="meshplan-bench-") as tmp:
         path = Path(tmp) / "bench.json"
-        proc = subprocess.run(bench_command(str(path), nproc=nproc, min_time_s=min_time_s), capture_output=True,
-                              text=True, timeout=timeout_s)
-        if proc.returncode or not path.is_file():
-            raise SpecError("calibrate", f"exit {proc.returncode}", "benchmarks failed: " + proc.stderr[-800:])
+        done = run_tree(bench_command(str(path), nproc=nproc, min_time_s=min_time_s), capture=True,
+                        timeout_s=timeout_s, env=worker_env(nproc))
+        if done.timed_out:
+            raise SpecError("calibrate", f"{timeout_s:g} s", "the benchmarks did not finish in time and were stopped")
+        if done.returncode or not path.is_file():
+            raise SpecError("calibrate", f"exit {done.returncode}", "benchmarks failed: " + (done.stderr or "")[-800:])
         return json.loads(path.read_text())
+
+
+def read_raw(path: str) -> dict:
+    """Raw timings saved by ``--save-raw`` (SpecError when the file is missing or not such JSON)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError("--raw", path, f"cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise SpecError("--raw", path, f"is not JSON ({exc.msg}, line {exc.lineno})") from None
+    missing = [k for k in ("gemm", "attention", "copy", "collectives") if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise SpecError("--raw", path, f"is not a file of raw timings (no {', '.join(missing)}); write one with "
+                        "--save-raw")
+    return data
+
+
+def writable_file(flag: str, path: str) -> None:
+    """Raise SpecError unless ``path`` can be written as a file (its folder exists and is writable)."""
+    p = Path(path)
+    if p.is_dir():
+        raise SpecError(flag, path, "is a folder; give a file name")
+    folder = p.parent
+    if not folder.is_dir():
+        raise SpecError(flag, path, f"cannot be written: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise SpecError(flag, path, "cannot be written: permission denied")
+
+
+def _check_host(nproc: int) -> None:
+    """Refuse benchmark ranks this host cannot run (the rank bound and visible GPUs of ``runtime.host``)."""
+    from meshplan.runtime.host import CPU_RANK_BASE, check_ranks, probe_host
+
+    host = probe_host()
+    check_ranks(nproc, host, "calibrate")
+    if nproc * CPU_RANK_BASE > host.memory:
+        raise SpecError("--nproc", nproc, f"needs ~{nproc * CPU_RANK_BASE / 2**30:.1f} GiB, this host has "
+                        f"{host.memory / 2**30:.1f} GiB available")
 
 
 def profile_toml(bench: dict, *, base: str, name: str) -> str:
@@ -54,7 +98,7 @@ def profile_toml(bench: dict, *, base: str, name: str) -> str:
 
 def calibrate_to(out: str, *, nproc: int, base: str, min_time_s: float, raw: str | None = None) -> str:
     """Benchmark (or read ``raw`` timings), fit, write ``out``; returns the TOML text."""
-    bench = json.loads(Path(raw).read_text()) if raw else run_bench(nproc=nproc, min_time_s=min_time_s)
+    bench = read_raw(raw) if raw else run_bench(nproc=nproc, min_time_s=min_time_s)
     text = profile_toml(bench, base=base, name=Path(out).stem)
     Path(out).write_text(text)
     return text
@@ -75,9 +119,27 @@ def register(app: typer.Typer) -> None:
         save_raw: Optional[str] = typer.Option(None, "--save-raw", help="Also keep the raw timings here."),
     ) -> None:
         """Micro-benchmark GEMMs, attention, memory and collectives; write a profile for --gpus NxFILE."""
+        from meshplan import catalog
+        from meshplan.cli.run import positive, stops_cleanly
+        from meshplan.runtime.launch import progress
+
         if nproc < 1:
             raise SpecError("--nproc", nproc, "must be >= 1")
-        bench = json.loads(Path(raw).read_text()) if raw else run_bench(nproc=nproc, min_time_s=min_time)
+        positive("--min-time", min_time, what="seconds per measured case")
+        catalog.gpu(base)  # an unknown GPU fails before minutes of benchmarks
+        writable_file("--out", out)
+        if save_raw:
+            writable_file("--save-raw", save_raw)
+        if raw:
+            bench = read_raw(raw)
+        else:
+            from meshplan.runtime.host import require_torch
+
+            require_torch("meshplan calibrate")
+            _check_host(nproc)
+            progress(f"calibrate: benchmarking GEMMs, attention, memory and collectives on {nproc} processes")
+            with stops_cleanly():
+                bench = run_bench(nproc=nproc, min_time_s=min_time)
         if save_raw:
             Path(save_raw).write_text(json.dumps(bench, indent=1))
         text = profile_toml(bench, base=base, name=Path(out).stem)

@@ -7,7 +7,6 @@ torch is imported only inside the command (and the timing runs in torchrun worke
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -46,8 +45,12 @@ the median of the slowest rank's CPU time (blind to bubbles and peer waits)."""
 def measure_all(model_ref: str, plans: list, *, world: int, warmup: int, rounds: int, timeout_s: float,
                 device: str = "cpu", stack=None) -> dict:
     """Every round's wall and CPU time of each plan, each STATS figure (``{stat}_s``) and, on a GPU, each plan's
-    peak allocated bytes (``peak_bytes``), from one launch (see ``closed_loop.time_plans``)."""
+    peak allocated bytes (``peak_bytes``), from one launch (see ``closed_loop.time_plans``). The workers run as
+    a supervised tree (``runtime.procs``): a stop signal or ``timeout_s`` leaves none behind. Their progress
+    goes to our stderr."""
     from meshplan.runtime.config import RunConfig
+    from meshplan.runtime.launch import worker_env
+    from meshplan.runtime.procs import run_tree
 
     with tempfile.TemporaryDirectory(prefix="meshplan-check-") as tmp:
         cfg_path, out_path = Path(tmp) / "configs.json", Path(tmp) / "times.json"
@@ -58,15 +61,12 @@ def measure_all(model_ref: str, plans: list, *, world: int, warmup: int, rounds:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                "--monitor-interval=0.2", "-m", "meshplan.runtime.closed_loop", str(cfg_path), str(out_path),
                str(warmup), str(rounds)] + (["cuda"] if device == "cuda" else [])
-        try:
-            # A GPU check's progress goes straight to our stderr; a CPU one stays quiet unless it fails.
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if device == "cuda" else subprocess.PIPE,
-                                  text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise SpecError("check", f"{timeout_s} s", "the timing runs did not finish in time") from None
-        if proc.returncode or not out_path.is_file():
-            tail = (proc.stderr or "see above")[-1500:]
-            raise SpecError("check", f"exit {proc.returncode}", "timing runs failed: " + tail)
+        done = run_tree(cmd, timeout_s=timeout_s, env=worker_env(world))
+        if done.timed_out:
+            raise SpecError("--timeout", timeout_s, f"the timing runs did not finish in {timeout_s:g} s and were "
+                            "stopped")
+        if done.returncode or not out_path.is_file():
+            raise SpecError("check", f"exit {done.returncode}", "the timing runs failed (their output is above)")
         return json.loads(out_path.read_text())
 
 
@@ -97,18 +97,22 @@ def add_memory(result: dict, predicted: list[float], measured: list | None) -> N
 
 
 def print_table(result: dict) -> None:
-    """The per-plan rows and the three figures, as a rich table (with peak memory where it was measured)."""
+    """The per-plan rows and the three figures, as a rich table (with peak memory where it was measured), in a
+    compact layout that fits an 80-column terminal."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     mem = result.get("memory_mape_pct") is not None
-    t = Table(title="predicted vs measured step time" + (" and peak memory" if mem else ""))
-    cols = ["plan", "predicted s", "measured s", "error %", "rank pred", "rank meas"]
-    for col in cols + (["pred GiB", "meas GiB", "mem err %"] if mem else []):
-        t.add_column(col, justify="left" if col == "plan" else "right")
+    t = Table(title="predicted vs measured step time" + (" and peak memory" if mem else ""), box=box.SIMPLE_HEAD,
+              pad_edge=False)
+    t.add_column("plan (* chosen)", justify="left", ratio=1)
+    for col in ["pred s", "meas s", "err %", "rank\npred/meas"] + (["pred\nGiB", "meas\nGiB", "mem\nerr %"]
+                                                                  if mem else []):
+        t.add_column(col, justify="right", no_wrap=True)
     for r in result["plans"]:
         cells = [("* " if r["chosen"] else "  ") + r["plan"], f"{r['predicted_s']:.3f}", f"{r['measured_s']:.3f}",
-                 f"{r['error_pct']:+.1f}", str(r["predicted_rank"]), str(r["measured_rank"])]
+                 f"{r['error_pct']:+.1f}", f"{r['predicted_rank']}/{r['measured_rank']}"]
         if mem:
             cells += [f"{r['predicted_peak_bytes'] / 2**30:.2f}", f"{r['measured_peak_bytes'] / 2**30:.2f}",
                       f"{r['memory_error_pct']:+.1f}"]
@@ -122,18 +126,25 @@ def print_table(result: dict) -> None:
                 f"{result['memory_worst_pct']:+.1f} %")
 
 
-def run_check(*, model: str, space, hardware: str, full: bool, rounds: tuple[int, int], timeout_s: float,
-              stat: str = "min", device: str = "cpu") -> dict:
-    """Enumerate the plans of ``space`` (a ``CheckSpace``), predict, measure, score. ``rounds`` is (warm-up
-    rounds, measured rounds)."""
+def select_plans(model: str, space, *, full: bool) -> list:
+    """The plans a check runs: every feasible plan of ``space`` (a ``CheckSpace``) with ``full``, else the
+    covering subset."""
     from meshplan import catalog
-    from meshplan.runtime.closed_loop import covering, enumerate_plans, plan_label
+    from meshplan.runtime.closed_loop import covering, enumerate_plans
 
     plans = enumerate_plans(catalog.model(model), space)
-    if not full:
-        plans = covering(plans)
     if not plans:
         raise SpecError("check", model, f"no feasible plan for {space.world} processes")
+    return plans if full else covering(plans)
+
+
+def run_check(*, model: str, space, hardware: str, full: bool, rounds: tuple[int, int], timeout_s: float,
+              stat: str = "min", device: str = "cpu", plans: list | None = None) -> dict:
+    """Predict, measure and score ``plans`` (default: ``select_plans``). ``rounds`` is (warm-up rounds,
+    measured rounds)."""
+    from meshplan.runtime.closed_loop import plan_label
+
+    plans = plans if plans is not None else select_plans(model, space, full=full)
     pred = predict_all(model, hardware, plans, space.world, space.stack)
     meas = measure_all(model, plans, world=space.world, warmup=rounds[0], rounds=rounds[1], timeout_s=timeout_s,
                        device=device, stack=space.stack)
@@ -142,6 +153,23 @@ def run_check(*, model: str, space, hardware: str, full: bool, rounds: tuple[int
     out.update(model=model, world=space.world, hardware=hardware, global_batch=space.global_batch,
                seq_len=space.seq_len, stat=stat, device=device, precision=space.precision)
     return out
+
+
+def host_check(model: str, plans: list, space, *, device: str) -> str:
+    """Refuse (HostLimit) a check this host cannot hold, before anything starts; returns what it will use. A CPU
+    check builds every plan's trainer at once, a GPU check one plan at a time."""
+    import dataclasses
+
+    from meshplan import catalog
+    from meshplan.runtime.host import preflight, probe_host
+
+    host = probe_host()
+    if device == "cuda" and not host.gpus:
+        raise SpecError("--device", "cuda", "no CUDA device visible (torch.cuda sees none); use --device cpu")
+    if device == "cpu":
+        host = dataclasses.replace(host, gpus=0, gpu_free=())  # the timing ranks stay on the CPU
+    return preflight(catalog.model(model), plans, space.stack, nproc=space.world, host=host, what="check",
+                     together=device == "cpu")
 
 
 def check_space(*, world: int, global_batch: int, seq_len: int, device: str, micro_batches: str):
@@ -185,8 +213,14 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON: plans, mape_pct, kendall_tau, regret_pct."),
     ) -> None:
         """Predict and run every feasible plan of the local world; report error, rank agreement and regret."""
-        if nproc < 1 or rounds < 1 or warmup < 0:
-            raise SpecError("--nproc/--rounds/--warmup", (nproc, rounds, warmup), "must be positive")
+        from meshplan.cli.run import positive, stops_cleanly
+        from meshplan.runtime.launch import progress
+
+        for flag, value, least in (("--nproc", nproc, 1), ("--rounds", rounds, 1), ("--warmup", warmup, 0),
+                                   ("--global-batch", global_batch, 1), ("--seq-len", seq_len, 1)):
+            if value < least:
+                raise SpecError(flag, value, f"must be >= {least}")
+        positive("--timeout", timeout, what="seconds the timing runs may take")
         if stat not in STATS:
             raise SpecError("--stat", stat, f"one of {', '.join(STATS)}")
         space = check_space(world=nproc, global_batch=global_batch, seq_len=seq_len, device=device,
@@ -194,15 +228,27 @@ def register(app: typer.Typer) -> None:
         if device == "cuda" and hardware is None:
             raise SpecError("--hardware", None, "a GPU check needs the GPU's profile: a catalog GPU (e.g. h200) or "
                             "a file from `meshplan calibrate --base GPU`")
-        with tempfile.TemporaryDirectory(prefix="meshplan-hw-") as tmp:
+        from meshplan import catalog
+        from meshplan.runtime.host import require_torch
+
+        catalog.model(model)  # bad references fail here, before torch and before any process
+        if hardware is not None:
+            catalog.cluster(f"{nproc}x{hardware}")
+        require_torch("meshplan check")
+        plans = select_plans(model, space, full=full)
+        summary = host_check(model, plans, space, device=device)
+        progress(f"check: {len(plans)} plans of {model} on {summary}")
+        with stops_cleanly(), tempfile.TemporaryDirectory(prefix="meshplan-hw-") as tmp:
             hw = hardware
             if hw is None:
                 from meshplan.cli.calibrate import calibrate_to
 
+                progress(f"check: calibrating this host ({nproc} processes of micro-benchmarks)")
                 hw = str(Path(tmp) / "local.toml")
                 calibrate_to(hw, nproc=nproc, base="cpu", min_time_s=0.05)
+            progress(f"check: predicting, then timing {warmup} warm-up and {rounds} measured rounds of every plan")
             result = run_check(model=model, space=space, hardware=hw, full=full, rounds=(warmup, rounds),
-                               timeout_s=timeout, stat=stat, device=device)
+                               timeout_s=timeout, stat=stat, device=device, plans=plans)
         if as_json:
             from meshplan.cli.common import print_json
 

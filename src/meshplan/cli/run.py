@@ -134,16 +134,19 @@ def register(app: typer.Typer) -> None:
         require_torch("meshplan run")
 
         from meshplan.runtime.config import RUNTIME_STACK, RunConfig
-        from meshplan.runtime.launch import launch, progress
-
-        if the_plan.framework != RUNTIME_STACK:
-            progress(f"note: the plan was predicted for {the_plan.framework}; meshplan's runtime runs it as the "
-                     f"{RUNTIME_STACK} stack (predict that with --framework {RUNTIME_STACK})")
+        from meshplan.runtime.launch import launch, prepare, progress, start, under_torchrun
 
         cfg = RunConfig(plan=the_plan, model=model_ref, steps=steps, seed=seed, data=data, lr=lr,
                         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                         profile_steps=profile_steps, out_dir=out, timeout_s=timeout)
+        world = nproc or the_plan.n_gpus
+        if under_torchrun():
+            raise typer.Exit(launch(cfg, nproc=world))
         with stops_cleanly():
-            rc = launch(cfg, nproc=nproc or the_plan.n_gpus, timeout_s=wall_timeout, gpus_ref=refs.get("gpus"))
+            summary = prepare(cfg, nproc=world, gpus_ref=refs.get("gpus"))
+            if the_plan.framework != RUNTIME_STACK:
+                progress(f"note: the plan was predicted for {the_plan.framework}; meshplan's runtime runs it as "
+                         f"the {RUNTIME_STACK} stack (predict that with --framework {RUNTIME_STACK})")
+            rc = start(cfg, nproc=world, summary=summary, timeout_s=wall_timeout)
         if rc:
             raise typer.Exit(rc)

@@ -138,16 +138,29 @@ def time_plans(cfgs: list, *, warmup: int, rounds: int, device=None) -> dict:
     device = device or torch.device("cpu")
     if device.type == "cuda":
         return _time_sequential(cfgs, warmup=warmup, rounds=rounds, device=device)
+    start = time.perf_counter()
     trainers = [build_plan_trainer(c, device) for c in cfgs]
+    _say(f"built {len(cfgs)} trainers in {time.perf_counter() - start:.1f} s")
     times: list[list[float]] = [[] for _ in cfgs]
     cpu: list[list[float]] = [[] for _ in cfgs]
     for r in range(warmup + rounds):
+        start = time.perf_counter()
         for i, t in enumerate(trainers):
             wall, cpu_s = timed_step(t, r + 1)
             if r >= warmup:
                 times[i].append(wall)
                 cpu[i].append(cpu_s)
+        kind = "warm-up" if r < warmup else "measured"
+        _say(f"round {r + 1}/{warmup + rounds} ({kind}) in {time.perf_counter() - start:.1f} s")
     return {"times": times, "cpu_times": cpu, "peak_bytes": [None] * len(cfgs)}
+
+
+def _say(text: str) -> None:
+    """Rank 0's progress line on stderr."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        print(f"[check] {text}", file=sys.stderr, flush=True)
 
 
 def build_plan_trainer(cfg, device):

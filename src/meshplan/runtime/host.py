@@ -49,6 +49,10 @@ CUDA_RANK_BASE = 2.0 * GiB
 """Host memory of a CUDA rank before the model: the CUDA libraries and pinned pools (not measured here: CUDA
 processes of torch 2.x hold 1-3 GiB of host memory; the middle is taken)."""
 
+HEADROOM = 1.1
+"""Factor on the model-dependent part of a CPU rank's estimate: what the allocator keeps mapped varies from run to
+run, and without it the estimate came within 1 % of measured ZeRO-3 peaks (``rank_host_bytes``)."""
+
 AGENT_BYTES = 0.25 * GiB
 """The torchrun agent and meshplan itself (measured: 223 MiB VmHWM for torchrun)."""
 
@@ -182,14 +186,15 @@ def rank_host_bytes(spec: ModelSpec, plan: Plan, stack) -> float:
     model's fp32 tensors with the activations counted at 4 bytes (the model counts 16-bit ones) and foreach
     AdamW's temporary (a copy of the rank's weights, ``_foreach_sqrt`` of the second moments).
 
-    Measured VmHWM of the busier of 2 ranks vs this estimate (a 158.7 M-parameter Llama: 8 layers, hidden 1024,
-    vocab 32000; 128 tokens per rank unless said): dp2 ZeRO-3 2.77 / 3.18 GiB, dp2 replicated 4.17 / 4.17, dp2
-    ZeRO-3 with 2048 tokens per rank 3.98 / 4.19, the same with full recompute 3.03 / 3.10, tp2 1.87 / 2.70, pp2
-    1f1b 1.95 / 2.33: never below what was measured, at most 45 % above."""
+    Measured VmHWM of the busier of 2 ranks vs this estimate, GiB (a 112 M-parameter Llama: 4 layers, hidden
+    1024, vocab 32000; 512 tokens per rank and micro-batch unless said): dp2 ZeRO-3 2.19 / 2.38, dp2 replicated
+    2.84 / 3.31, dp2 ZeRO-3 with 4096 tokens 4.37 / 4.79, tp2 (1024) 1.76 / 2.31, pp2 1f1b (256) 1.71 / 1.98:
+    the model-dependent part without HEADROOM came within 1 % of the ZeRO-3 peaks.
+    """
     fp32 = _estimate(spec, plan.with_(precision="fp32"), stack)
     built = rank_stage_params(spec, plan)
-    return CPU_RANK_BASE + max(4.0 * b + m.total() - m.reserved + m.activations + m.params
-                               for b, m in zip(built, fp32.memory_per_stage))
+    return CPU_RANK_BASE + HEADROOM * max(4.0 * b + m.total() - m.reserved + m.activations + m.params
+                                          for b, m in zip(built, fp32.memory_per_stage))
 
 
 def rank_gpu_bytes(spec: ModelSpec, plan: Plan, stack) -> float:
@@ -208,7 +213,8 @@ def rank_build_bytes(spec: ModelSpec, plan: Plan) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ verdict
-def _check_ranks(nproc: int, host: Host, what: str) -> None:
+def check_ranks(nproc: int, host: Host, what: str) -> None:
+    """Raise HostLimit when ``nproc`` ranks exceed the visible GPUs, or on a CPU the rank bound."""
     if host.device == "cuda":
         if nproc > host.gpus:
             raise HostLimit(f"{what}: {nproc} ranks need {nproc} GPUs (one each), this host has {host.gpus} "
@@ -217,8 +223,9 @@ def _check_ranks(nproc: int, host: Host, what: str) -> None:
     bound = max(MIN_RANK_BOUND, RANKS_PER_CORE * host.cores)
     if nproc > bound:
         raise HostLimit(f"{what}: {nproc} CPU ranks on {host.cores} usable core{'s' * (host.cores != 1)}; this host "
-                        f"runs at most {bound} ({RANKS_PER_CORE} per core, at least {MIN_RANK_BOUND}): plan for "
-                        f"--gpus {bound}xcpu or fewer, or run where {nproc} GPUs are visible")
+                        f"runs at most {bound} ({RANKS_PER_CORE} per core, at least {MIN_RANK_BOUND}): use at most "
+                        f"{bound} processes (a plan for --gpus {bound}xcpu), or a host where {nproc} GPUs are "
+                        "visible")
 
 
 def preflight(spec: ModelSpec, plans: list[Plan], stack, *, nproc: int, host: Host, what: str = "run",
@@ -230,6 +237,8 @@ def preflight(spec: ModelSpec, plans: list[Plan], stack, *, nproc: int, host: Ho
     if host.device == "cpu":
         per_rank = CPU_RANK_BASE + join(rank_host_bytes(spec, p, stack) - CPU_RANK_BASE for p in plans)
         detail, gpu = "fp32, each stage built whole before sharding", None
+        if together and len(plans) > 1:
+            detail += f"; all {len(plans)} plans' trainers at once"
     else:
         per_rank = CUDA_RANK_BASE + join(rank_build_bytes(spec, p) for p in plans)
         detail, gpu = "its stages built whole in fp32 before moving to the GPU", max(
@@ -239,7 +248,7 @@ def preflight(spec: ModelSpec, plans: list[Plan], stack, *, nproc: int, host: Ho
         raise HostLimit(f"{what}: needs ~{need / GiB:,.1f} GiB of host memory ({nproc} rank{'s' * (nproc != 1)} x "
                         f"{per_rank / GiB:,.2f} GiB: {detail}), this host has {host.memory / GiB:,.1f} GiB "
                         f"available (MemAvailable; a run may plan {MEMORY_FRACTION:.0%} of it)")
-    _check_ranks(nproc, host, what)
+    check_ranks(nproc, host, what)
     line = f"{nproc} rank{'s' * (nproc != 1)} on {host.device}: ~{need / GiB:,.1f} GiB of {host.memory / GiB:,.1f} " \
         "GiB host memory available"
     if gpu is not None:

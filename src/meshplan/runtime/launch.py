@@ -47,7 +47,7 @@ def validate(cfg: RunConfig, world_size: int) -> None:
     if cfg.steps < 1:
         problems.append(f"steps={cfg.steps} must be >= 1")
     if problems:
-        raise PlanError(problems)
+        raise PlanError(dict.fromkeys(problems))  # the plan and stack checks may say the same thing
     Source(kind=cfg.data, vocab=spec.vocab, seed=cfg.seed).check(seq_len=plan.seq_len)
 
 
@@ -87,24 +87,24 @@ def check_host(cfg: RunConfig, nproc: int, *, gpus_ref: str | None = None) -> st
     from meshplan.runtime.host import device_note, preflight, probe_host
 
     host = probe_host()
-    summary = preflight(catalog.model(cfg.model), [cfg.plan], cfg.stack, nproc=nproc, host=host)
     note = device_note(gpus_ref, host)
     if note:
         progress(note)
-    return summary
+    return preflight(catalog.model(cfg.model), [cfg.plan], cfg.stack, nproc=nproc, host=host)
 
 
-def launch(cfg: RunConfig, *, nproc: int, timeout_s: float | None = None, gpus_ref: str | None = None) -> int:
-    """Run ``cfg`` on ``nproc`` processes; returns the exit status (0 on success, 124 at the wall timeout).
-    ``gpus_ref``: the cluster the plan was made for (a note says when the runtime uses another device kind)."""
-    if under_torchrun():
-        from meshplan.runtime.worker import worker_main
+def prepare(cfg: RunConfig, *, nproc: int, gpus_ref: str | None = None) -> str:
+    """Every check before a launch: the run (``validate``) and this host (``check_host``); returns what the run
+    will use, for the progress line."""
+    validate(cfg, nproc)
+    return check_host(cfg, nproc, gpus_ref=gpus_ref)
 
-        return worker_main([cfg])
+
+def start(cfg: RunConfig, *, nproc: int, summary: str, timeout_s: float | None = None) -> int:
+    """Start torchrun on a prepared run and wait; returns the exit status (0 on success, 124 at the wall
+    timeout). A stop signal raises ``procs.Interrupted`` once every process is gone."""
     from meshplan.runtime.procs import run_tree
 
-    validate(cfg, nproc)
-    summary = check_host(cfg, nproc, gpus_ref=gpus_ref)
     limit = f", stopped after {timeout_s:g} s" if timeout_s else ""
     progress(f"run: {cfg.model}, {cfg.steps} steps on {summary}{limit}; starting torchrun")
     with tempfile.TemporaryDirectory(prefix="meshplan-run-") as tmp:
@@ -116,3 +116,15 @@ def launch(cfg: RunConfig, *, nproc: int, timeout_s: float | None = None, gpus_r
               f"({done.stopped} processes killed)", file=sys.stderr)
         return 124
     return done.returncode if done.returncode >= 0 else 128 - done.returncode
+
+
+def launch(cfg: RunConfig, *, nproc: int, timeout_s: float | None = None, gpus_ref: str | None = None) -> int:
+    """Run ``cfg`` on ``nproc`` processes (``prepare``, then ``start``); returns the exit status. ``gpus_ref``: the
+    cluster the plan was made for (a note says when the runtime uses another device kind). Under torchrun, the
+    worker runs in this process."""
+    if under_torchrun():
+        from meshplan.runtime.worker import worker_main
+
+        return worker_main([cfg])
+    summary = prepare(cfg, nproc=nproc, gpus_ref=gpus_ref)
+    return start(cfg, nproc=nproc, summary=summary, timeout_s=timeout_s)

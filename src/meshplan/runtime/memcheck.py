@@ -210,20 +210,23 @@ def _build(cfg: RunConfig, spec: ModelSpec, meshes, ep_mesh):
 
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    from meshplan.runtime import parallelize
+    from meshplan.runtime import build, parallelize
     from meshplan.runtime.build import build_trainer
     from meshplan.runtime.models.decoder import Decoder
 
-    def fsdp_outside_fake_mode(*args, **kwargs):
-        # FSDP2 over TP DTensors slices the (real) rank tensor of the mesh; the parameters stay fake anyway.
-        with unset_fake_temporarily():
-            return real_fsdp(*args, **kwargs)
+    def outside_fake_mode(real):
+        # FSDP2 over TP DTensors slices the (real) rank tensor of the mesh, and the tied-embedding groups are cut
+        # from it too; the parameters stay fake anyway.
+        def call(*args, **kwargs):
+            with unset_fake_temporarily():
+                return real(*args, **kwargs)
+        return call
 
-    real_fsdp = parallelize.apply_fsdp
     # Module.to() on fake parameters swaps tensors, which fake tensors refuse; the parts are already on the
     # (fake) CPU, so the move is a no-op anyway.
     with mock.patch.object(Decoder, "to", lambda self, *a, **k: self), \
-            mock.patch.object(parallelize, "apply_fsdp", fsdp_outside_fake_mode):
+            mock.patch.object(parallelize, "apply_fsdp", outside_fake_mode(parallelize.apply_fsdp)), \
+            mock.patch.object(build, "_tied_sync", outside_fake_mode(build._tied_sync)):
         return build_trainer(cfg, spec, meshes, torch.device("cpu"), bf16=cfg.plan.precision == "bf16",
                              ep_mesh=ep_mesh)
 

@@ -7,6 +7,7 @@ axis of its own; dp is split into (dp_replicate, dp_shard), replicas outermost.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,11 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from meshplan.spec.plan import Plan
 
 MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+# torch 2.13 warns, once per rank, each time a flattened dim is sliced from the root mesh (the HSDP mesh below,
+# and torch's own FSDP and DTensor paths); the slices are the supported form in this version, so a check's 2 x N
+# lines of it on stderr tell a user nothing.
+warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh", category=UserWarning)
 
 
 def mesh_layout(plan: Plan) -> tuple[tuple[str, ...], tuple[int, ...]]:
