@@ -115,14 +115,14 @@ def descendants(root: int, *, skip: frozenset[int] = frozenset()) -> list[int]:
     return out
 
 
-def _reap(pids: set[int], *, keep: int | None) -> None:
-    """Collect the exit status of those of ``pids`` that are our children (re-parented orphans), so none lingers
-    as a zombie; ``keep`` is left to its Popen."""
-    for pid in pids - {keep}:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+def _reap(*, spare: frozenset[int], keep: int | None) -> None:
+    """Collect the exit status of our dead children outside ``spare`` (re-parented ranks), so none lingers as a
+    zombie; ``keep`` is left to its Popen."""
+    me = os.getpid()
+    for pid, (ppid, state) in _parents().items():
+        if ppid == me and state == "Z" and pid not in spare and pid != keep:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
 
 
 def kill_tree(*, spare: frozenset[int] = frozenset(), keep: int | None = None, patience_s: float = 10.0) -> int:
@@ -133,8 +133,9 @@ def kill_tree(*, spare: frozenset[int] = frozenset(), keep: int | None = None, p
     deadline = time.monotonic() + patience_s
     while True:
         alive = descendants(os.getpid(), skip=spare)
-        _reap(killed, keep=keep)
         if not alive or time.monotonic() > deadline:
+            if os.path.isdir("/proc"):
+                _reap(spare=spare, keep=keep)  # every one left is a zombie by now
             return len(killed)
         for pid in alive:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -232,7 +233,8 @@ def run_tree(args: list[str], *, timeout_s: float | None = None, capture: bool =
              env: dict | None = None) -> Finished:
     """Run ``args`` (``python -m MODULE ...``) and wait, so that neither it nor anything it starts outlives this
     call: stop signals and the wall timeout kill the whole tree (see the module docstring). A stop signal is
-    raised as ``Interrupted`` once the tree is gone. ``capture``: keep stdout and stderr (text)."""
+    raised as ``Interrupted`` once the tree is gone. ``capture``: keep stdout and stderr (text). Every process
+    this one starts during the call counts as part of the tree (another thread's would be killed too)."""
     spare = _own_children()
     pipe = subprocess.PIPE if capture else None
     proc, out, err, timed_out, stopped, signum = None, None, None, False, 0, None
