@@ -179,7 +179,10 @@ def register(app: typer.Typer) -> None:
             except ValueError as exc:
                 raise SpecError("--schedule", plan.schedule_name, str(exc)) from None
         spec = with_layers(spec, layers)
-        rows = [compare(spec, cluster, plan, stage=s, model_ref=model) for s in idx]
+        from meshplan.cli.run import stops_cleanly
+
+        with stops_cleanly():  # Ctrl-C while tracing: one line, exit 130
+            rows = [compare(spec, cluster, plan, stage=s, model_ref=model) for s in idx]
         if as_json:
             from meshplan.cli.common import print_json
 
