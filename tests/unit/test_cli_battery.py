@@ -94,6 +94,7 @@ CASES = [
     (["estimate", "--model", "{json}", "--gpus", "8xh100-sxm", "--global-batch", "8", "--seq-len", "64"], 2,
      "cannot be parsed"),
     (["explain", "{empty}"], 2, "is required"),
+    (["explain", "{dir}"], 2, "is a folder"),
     (["report", "{tp3}", "-o", "{dir}"], 2, "is a folder"),
     # a hand-edited plan is checked before anything is exported
     (["export", "{tp3}", "--to", "megatron"], 2, "must divide the 32 attention heads"),
@@ -216,3 +217,20 @@ def test_help_lists_the_valid_values(command, capsys, monkeypatch):
     assert "0, 1, 2 or 3" in text and "none" in text and "selective" in text
     if command == "plan":
         assert "0 = the search chooses" in text
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C during a search: one line on stderr, exit 130 (not the framework's silent 130 or a traceback)."""
+    import os
+    import time
+
+    import meshplan.search
+
+    def interrupted_search(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        raise AssertionError("SIGINT did not interrupt")
+
+    monkeypatch.setattr(meshplan.search, "search", interrupted_search)
+    code, _, err = run(["plan", *BASE], capsys)
+    assert code == 130 and err.strip() == "interrupted (Ctrl-C)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import signal
 import sys
 
 import typer
@@ -35,6 +36,15 @@ def _click_errors() -> tuple[type, type]:
     return ClickException, typer.Abort
 
 
+class Interrupted(BaseException):
+    """Ctrl-C in a command that does not handle it itself (the CLI framework would turn a KeyboardInterrupt
+    into a silent exit 130)."""
+
+
+def _on_sigint(signum, frame) -> None:
+    raise Interrupted()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit status. Usage errors (unknown option, bad number) and MeshplanError
     print one line on stderr and exit 2; ``--help`` and a bare ``meshplan`` print help and exit 0."""
@@ -42,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     usage_error, abort = _click_errors()
     app = build_app()
+    previous = signal.signal(signal.SIGINT, _on_sigint) if _main_thread() else None
     try:
         code = app(args=argv, prog_name="meshplan", standalone_mode=False)
         return code if isinstance(code, int) else 0
@@ -67,10 +78,18 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("aborted", file=sys.stderr)
+    except (KeyboardInterrupt, Interrupted):
+        print("interrupted (Ctrl-C)", file=sys.stderr)
         return 130
-    return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

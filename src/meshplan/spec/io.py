@@ -29,6 +29,8 @@ from meshplan.spec.plan import Plan
 def read_file(path: str | Path) -> dict:
     """Parse a TOML or JSON file into a dict, with a one-line error naming the file on failure."""
     p = Path(path)
+    if p.is_dir():
+        raise SpecError("file", str(p), "is a folder; give a TOML or JSON file")
     if not p.is_file():
         raise SpecError("file", str(p), "no such file")
     try:
