@@ -13,6 +13,7 @@ from pathlib import Path
 
 from meshplan.errors import SpecError, unknown_name
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.engine import EngineProfile, engine_from_dict
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.hardware import GPUSpec
 from meshplan.spec.io import (
@@ -93,6 +94,18 @@ def hf_model_name(ref: str, data: dict) -> str:
     repo = str(data.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1]
     archs = data.get("architectures") or []
     return repo or (str(archs[0]) if archs else "") or str(data.get("model_type") or stem)
+
+
+def engine_names() -> list[str]:
+    """Names of every serving-engine profile in the catalog."""
+    return sorted(_catalog("engines"))
+
+
+@lru_cache(maxsize=64)
+def engine(ref: str) -> EngineProfile:
+    """A serving-engine profile by catalog name (``vllm``, ``sglang``, ``trtllm``, or a pinned version such as
+    ``vllm-0.6.0``)."""
+    return engine_from_dict(_entry("engines", "engine", ref), f"engine[{ref}]")
 
 
 def cluster(ref: str) -> ClusterSpec:

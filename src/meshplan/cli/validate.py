@@ -36,13 +36,17 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def validate(
-        csv_file: str = typer.Argument(..., help="Runs CSV in the schema of shared/validation/runs_visible.csv."),
+        csv_file: str = typer.Argument(..., help="Training runs CSV (schema of shared/validation/runs_visible.csv) "
+                                       "or serving measurements (schema of inference_visible.csv)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
         simulate: bool = typer.Option(False, "--simulate", help="Pipelines by the event simulator."),
     ) -> None:
-        """Predict every row of a published-runs CSV and report signed errors, MAPE, median and max."""
+        """Predict every row of a published-runs or serving CSV and report signed errors, MAPE, median and max."""
         from meshplan.calibrate.validate import validate_csv
 
+        if _is_serving(csv_file):
+            _validate_serving(csv_file, as_json)
+            return
         report = validate_csv(csv_file, simulate=simulate)
         if not report.rows:
             from meshplan.errors import SpecError
@@ -56,3 +60,48 @@ def register(app: typer.Typer) -> None:
             from meshplan.cli.common import term_width
 
             typer.echo(render(report, width=term_width()))
+
+
+def _is_serving(path: str) -> bool:
+    """The file is a serving-measurements CSV (it names the serving columns in its header)."""
+    import csv
+    from pathlib import Path
+
+    from meshplan.calibrate.serve_validate import is_serving_csv
+
+    p = Path(path)
+    if not p.is_file():
+        return False
+    try:
+        with p.open(newline="") as fh:
+            return is_serving_csv(next(csv.reader(fh), None))
+    except (UnicodeDecodeError, csv.Error):
+        return False
+
+
+def _validate_serving(path: str, as_json: bool) -> None:
+    """Per metric: n, MAPE, median and max error; the rows called out of memory although they ran."""
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from meshplan.calibrate.serve_validate import validate_serving_csv
+    from meshplan.cli.common import term_width
+
+    report = validate_serving_csv(path)
+    if as_json:
+        print_json(report.as_dict())
+        return
+    buf = StringIO()
+    con = Console(file=buf, width=term_width(), force_terminal=False, no_color=True, highlight=False)
+    t = Table(title="serving measurements: predicted vs measured", show_header=True)
+    for col in ("metric", "n", "MAPE %", "median %", "max %"):
+        t.add_column(col, justify="left" if col == "metric" else "right")
+    for key, s in report.summary().items():
+        t.add_row(key, str(s["n"]), f"{s['mape_pct']:.1f}", f"{s['median_ape_pct']:.1f}", f"{s['max_ape_pct']:.1f}")
+    con.print(t)
+    con.print(f"predicted {len(report.rows)} rows; skipped {len(report.skipped)} (variable lengths, open-loop rates "
+              f"or GPUs not in the catalog; --json lists why); called out of memory although they ran: "
+              f"{len(report.false_oom)}")
+    typer.echo(buf.getvalue())

@@ -1,0 +1,170 @@
+"""Hold the serving model against published serving measurements (``inference_visible.csv``; conventions in
+shared/validation/INFERENCE.md): per-row signed error, MAPE per metric, TTFT split into queue-dominated and not,
+and every row predicted "out of memory" although it ran (must be none)."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshplan import catalog
+from meshplan.cost.serve_load import fit_check, predict_load
+from meshplan.cost.serve_step import step_context
+from meshplan.errors import MeshplanError, SpecError
+from meshplan.spec.engine import EngineProfile
+from meshplan.spec.serving import ServePlan, Workload
+
+REQUIRED = ("id", "model_key", "gpu_key", "tp", "precision", "framework", "input_len", "output_len", "concurrency",
+            "metric", "value")
+METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_s", "output_tokens_per_s", "requests_per_s")
+OFFLINE = ("max", "offline", "inf")
+"""``concurrency`` values that mean an offline run (every request queued at once)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeRow:
+    """One measurement's prediction."""
+
+    id: str
+    metric: str
+    engine: str
+    measured: float
+    predicted: float
+    queue_dominated: bool
+
+    @property
+    def error_pct(self) -> float:
+        """Signed error, positive = predicted above measured (%)."""
+        return 100.0 * (self.predicted - self.measured) / self.measured
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeReport:
+    """Every predicted row, the skipped rows and the rows called out of memory although they ran."""
+
+    rows: tuple[ServeRow, ...]
+    skipped: tuple[tuple[str, str], ...]
+    false_oom: tuple[tuple[str, str], ...]
+
+    def groups(self) -> dict[str, list[ServeRow]]:
+        """Rows by metric, TTFT split into queue-dominated and not."""
+        out: dict[str, list[ServeRow]] = {}
+        for r in self.rows:
+            key = r.metric + (" (queue-dominated)" if r.metric == "ttft_ms" and r.queue_dominated else "")
+            out.setdefault(key, []).append(r)
+        return out
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per group: n, MAPE, median and max absolute error (%)."""
+        out = {}
+        for key, rows in sorted(self.groups().items()):
+            ape = [abs(r.error_pct) for r in rows]
+            out[key] = {"n": len(rows), "mape_pct": statistics.fmean(ape), "median_ape_pct": statistics.median(ape),
+                        "max_ape_pct": max(ape)}
+        return out
+
+    def as_dict(self) -> dict:
+        """The JSON shape of ``meshplan validate --json`` on a serving CSV."""
+        return {"rows": [{"id": r.id, "metric": r.metric, "engine": r.engine, "measured": r.measured,
+                          "predicted": r.predicted, "error_pct": r.error_pct, "queue_dominated": r.queue_dominated}
+                         for r in self.rows],
+                "summary": self.summary(), "false_oom": [{"id": i, "reason": w} for i, w in self.false_oom],
+                "skipped": [{"id": i, "reason": w} for i, w in self.skipped]}
+
+
+def is_serving_csv(header: list[str] | None) -> bool:
+    """A CSV in the serving schema (``metric`` and ``value`` columns beside the layout)."""
+    return bool(header) and all(k in header for k in REQUIRED)
+
+
+def row_engine(row: dict) -> EngineProfile:
+    """The engine profile whose ``matches`` prefixes the row's ``framework`` column (data in the profile)."""
+    text = row["framework"].strip()
+    for name in catalog.engine_names():
+        prof = catalog.engine(name)
+        if any(text.startswith(m) for m in prof.matches):
+            return prof
+    raise SpecError(f"{row['id']}.framework", text, "matches no engine profile's `matches` (catalog/engines)")
+
+
+def _int(row: dict, key: str, default: int = 1) -> int:
+    v = (row.get(key) or "").strip()
+    if not v:
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise SpecError(f"{row['id']}.{key}", v, "must be a whole number (variable lengths need a histogram, "
+                        "which the row does not give)") from None
+
+
+def row_workload(row: dict) -> Workload:
+    """The workload of a row: fixed lengths, and a closed loop, or offline."""
+    conc = (row.get("concurrency") or "").strip().lower()
+    work = dict(input_len=_int(row, "input_len"), output_len=_int(row, "output_len"))
+    if not conc:
+        raise SpecError(f"{row['id']}.concurrency", conc, "is empty: an open-loop rate is only in the notes")
+    if conc.startswith(OFFLINE):
+        return Workload(**work)
+    if conc.isdigit():
+        return Workload(**work, concurrency=int(conc))
+    raise SpecError(f"{row['id']}.concurrency", conc, "must be a number of clients or an offline run")
+
+
+def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
+    """The deployment of a row: tp, pp and data-parallel replicas at the row's precision; fp8 weights also mean
+    an fp8 KV cache on engines whose fp8 recipe quantizes it (``fp8_kv``)."""
+    prec = row["precision"].strip().lower()
+    prec = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}.get(prec, prec)
+    kv = "fp8" if prec == "fp8" and engine.fp8_kv else ("fp16" if prec == "fp16" else "bf16")
+    return ServePlan(tp=_int(row, "tp"), pp=_int(row, "pp"), replicas=_int(row, "dp"), precision=prec, kv_dtype=kv,
+                     engine=engine.name)
+
+
+def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
+    """The prediction of one row, or (None, why it is out of memory)."""
+    metric = row["metric"].strip()
+    if metric not in METRICS:
+        raise SpecError(f"{row['id']}.metric", metric, f"must be one of {', '.join(METRICS)}")
+    engine = row_engine(row)
+    plan, work = row_plan(row, engine), row_workload(row)
+    model, gpu = catalog.model(row["model_key"].strip()), catalog.gpu(row["gpu_key"].strip())
+    cluster = catalog.cluster(f"{plan.gpus_per_replica}x{gpu.name}")
+    ctx = step_context(model, cluster.pools[0], plan, engine, constants)
+    oom = fit_check(ctx, work)
+    if oom is not None:
+        return None, oom.reason
+    pred = predict_load(ctx, work, replicas=plan.replicas)
+    measured = float(row["value"])
+    if not measured > 0:
+        raise SpecError(f"{row['id']}.value", row["value"], "must be a positive measurement")
+    return ServeRow(id=row["id"], metric=metric, engine=engine.name, measured=measured,
+                    predicted=pred.metric(metric), queue_dominated=pred.queue_dominated), ""
+
+
+def validate_serving_csv(path: str | Path, constants: dict | None = None) -> ServeReport:
+    """Predict every expressible row of a serving CSV."""
+    from meshplan.calibrate.serve_constants import load_constants
+
+    consts = load_constants() if constants is None else constants
+    p = Path(path)
+    rows, skipped, oom = [], [], []
+    with p.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        if not is_serving_csv(reader.fieldnames):
+            raise SpecError("file", str(p), f"is not a serving CSV: needs columns {', '.join(REQUIRED)}")
+        for row in reader:
+            try:
+                got, why = predict_row(row, consts)
+            except MeshplanError as exc:
+                skipped.append((row.get("id", "?"), str(exc)))
+                continue
+            if got is None:
+                oom.append((row["id"], why))
+            else:
+                rows.append(got)
+    if not rows:
+        raise SpecError("file", str(p), f"no row could be predicted ({len(skipped)} skipped)")
+    return ServeReport(rows=tuple(rows), skipped=tuple(skipped), false_oom=tuple(oom))

@@ -1,0 +1,173 @@
+"""The request layer of a serving prediction: continuous batching with KV-limited admission, in steady state,
+under a closed loop (concurrency), an open loop (Poisson rate) or offline (everything queued at once).
+
+Per replica, R requests are resident: as many as the load offers, capped by the engine's ``max_num_seqs`` and by
+the KV cache (``admission``: ``reserve`` holds room for the whole output, ``lazy`` takes blocks as sequences grow,
+so on average half the output). In one cycle every resident request decodes ``O`` tokens and each is replaced by
+a new one whose prefill takes a step of its own, so the cycle is ``O t_d(R) + R t_p`` and a request's token time
+``t_d + (R - 1) t_p / O`` (Orca/vLLM iteration-level scheduling). Waiting beyond the resident set follows from
+Little's law in a closed loop, and from Kingman's G/G/1 approximation (Kingman 1961) in an open loop. A
+concurrency the cache cannot hold is queued, never "out of memory": only weights plus one request that do not fit
+are infeasible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.cost.serve_step import (
+    StepContext,
+    decode_time,
+    kv_bytes_per_token_per_gpu,
+    kv_capacity_bytes,
+    prefill_time,
+)
+from meshplan.errors import Infeasible
+from meshplan.spec.serving import Workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServePrediction:
+    """Predicted steady state of a deployment under one workload (times in seconds, per request unless said)."""
+
+    ttft: float
+    """Time to first token: queue wait plus the prefill."""
+    tpot: float
+    """Time per output token after the first ((E2E - TTFT) / (output - 1))."""
+    itl: float
+    """Gap between streamed chunks (a multi-step engine streams several tokens per chunk)."""
+    e2e: float
+    """End-to-end latency of a request."""
+    queue_wait: float
+    """Part of TTFT spent waiting for admission (KV room, sequence slots) or behind other requests."""
+    output_tokens_per_s: float
+    """Generated tokens per second of the whole deployment."""
+    requests_per_s: float
+    """Completed requests per second of the whole deployment."""
+    resident: int
+    """Requests decoding together on one replica."""
+    kv_capacity_tokens: int
+    """KV tokens one replica holds."""
+    kv_occupancy: float
+    """Share of the KV cache the resident requests use."""
+    limited_by: str
+    """What caps the resident batch: ``load``, ``kv cache`` or ``max_num_seqs``."""
+    decode_step: float
+    """One decode step at the resident batch."""
+    prefill: float
+    """One prompt's prefill."""
+
+    @property
+    def queue_dominated(self) -> bool:
+        """Most of TTFT is waiting, not prefill."""
+        return self.queue_wait > 0.5 * self.ttft
+
+    def metric(self, name: str) -> float:
+        """A validation metric by its CSV name (``ttft_ms``, ``tpot_ms``, ``itl_ms``, ``e2e_latency_s``,
+        ``output_tokens_per_s``, ``requests_per_s``)."""
+        return {"ttft_ms": 1e3 * self.ttft, "tpot_ms": 1e3 * self.tpot, "itl_ms": 1e3 * self.itl,
+                "e2e_latency_s": self.e2e, "output_tokens_per_s": self.output_tokens_per_s,
+                "requests_per_s": self.requests_per_s}[name]
+
+
+def kv_capacity_tokens(ctx: StepContext) -> int:
+    """KV tokens one replica holds, in whole blocks."""
+    per_token = kv_bytes_per_token_per_gpu(ctx.model, ctx.plan)
+    cap = kv_capacity_bytes(ctx.model, ctx.pool, ctx.plan, ctx.engine)
+    tokens = int(cap // per_token) if per_token else 0
+    return tokens - tokens % ctx.engine.block_size
+
+
+def fit_check(ctx: StepContext, work: Workload) -> Infeasible | None:
+    """Infeasible when the weights leave no KV room for even one request (the only "out of memory")."""
+    cap = kv_capacity_tokens(ctx)
+    need = work.input_len + work.output_len
+    if cap >= need:
+        return None
+    return Infeasible(kind="memory", reason=f"{ctx.model.name} tp={ctx.plan.tp} pp={ctx.plan.pp} on "
+                      f"{ctx.pool.gpu.name}: the KV cache holds {max(cap, 0):,} tokens after the weights, one request "
+                      f"needs {need:,}", details={"kv_capacity_tokens": cap, "request_tokens": need})
+
+
+def _kv_need(ctx: StepContext, work: Workload) -> float:
+    """KV tokens a resident request holds on average for admission (whole output when reserved, half as it
+    grows when blocks are taken lazily), rounded up to blocks."""
+    out = work.output_len if ctx.engine.admission == "reserve" else work.output_len / 2.0
+    tokens = work.input_len + out
+    b = ctx.engine.block_size
+    return -(-tokens // b) * b
+
+
+def resident_cap(ctx: StepContext, work: Workload) -> tuple[int, str]:
+    """Most requests one replica runs at once, and what sets it."""
+    by_kv = max(int(kv_capacity_tokens(ctx) // _kv_need(ctx, work)), 1)
+    if by_kv < ctx.engine.max_num_seqs:
+        return by_kv, "kv cache"
+    return ctx.engine.max_num_seqs, "max_num_seqs"
+
+
+def steady_state(ctx: StepContext, work: Workload, resident: int) -> tuple[float, float, float, float]:
+    """(decode step, prefill, cycle, token time) with ``resident`` requests on one replica."""
+    t_p = prefill_time(ctx, tokens=work.input_len)
+    t_d = decode_time(ctx, batch=resident, context=work.input_len + work.output_len / 2.0)
+    cycle = work.output_len * t_d + resident * t_p
+    tpot = t_d + (resident - 1) * t_p / work.output_len
+    return t_d, t_p, cycle, tpot
+
+
+def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePrediction:
+    """The steady state of ``replicas`` identical replicas sharing the workload evenly."""
+    cap, limit = resident_cap(ctx, work)
+    if work.offline:
+        resident = cap
+    elif work.concurrency:
+        per = -(-work.concurrency // replicas)
+        resident, limit = (per, "load") if per <= cap else (cap, limit)
+    else:
+        resident, limit = _open_loop_resident(ctx, work, cap, replicas)
+    t_d, t_p, cycle, tpot = steady_state(ctx, work, resident)
+    x_req = resident / cycle  # requests/s of one replica
+    service = t_p + t_d / 2 + (work.output_len - 1) * tpot
+    wait = _wait(ctx, work, replicas, resident=resident, cap=cap, x_req=x_req, service=service, t_p=t_p)
+    ttft = wait + t_p + t_d / 2 + ctx.request_s
+    return ServePrediction(
+        ttft=ttft, tpot=tpot, itl=ctx.engine.multi_step * tpot, e2e=ttft + (work.output_len - 1) * tpot,
+        queue_wait=wait, output_tokens_per_s=replicas * x_req * work.output_len, requests_per_s=replicas * x_req,
+        resident=resident, kv_capacity_tokens=kv_capacity_tokens(ctx),
+        kv_occupancy=min(resident * _kv_need(ctx, work) / max(kv_capacity_tokens(ctx), 1), 1.0), limited_by=limit,
+        decode_step=t_d, prefill=t_p)
+
+
+def _wait(ctx: StepContext, work: Workload, replicas: int, *, resident: int, cap: int, x_req: float,
+          service: float, t_p: float) -> float:
+    """Seconds a request waits before its prefill starts."""
+    if work.offline:
+        return 0.0
+    # Prefills run one at a time: a request finds the replica's prefill busy a share rho_p = x_req t_p of the
+    # time and waits as in an M/D/1 queue, rho_p / (2 (1 - rho_p)) t_p (Pollaczek-Khinchine).
+    rho_p = min(x_req * t_p, 0.95)
+    behind = rho_p / (2 * (1 - rho_p)) * t_p if resident > 1 else 0.0
+    if work.concurrency:
+        per = work.concurrency / replicas
+        # Closed loop (Little's law): per clients cycle through wait + service at x_req; nobody waits for
+        # admission while all of them are resident.
+        return max(per / x_req - service, behind) if per > cap else behind
+    lam = work.rate / replicas
+    rho = min(lam / x_req, 0.999)
+    # Kingman's G/G/1 with Poisson arrivals (c_a^2 = 1) and deterministic service (c_s^2 = 0): the prefill is the
+    # service a queued request waits for; saturation is reported through rho -> 1.
+    return rho / (1 - rho) * 0.5 * t_p
+
+
+def _open_loop_resident(ctx: StepContext, work: Workload, cap: int, replicas: int) -> tuple[int, str]:
+    """Resident requests under Poisson arrivals: Little's law R = lambda x E2E(R), iterated to its fixed point
+    (capped by the KV cache and the engine)."""
+    lam = work.rate / replicas
+    r = 1
+    for _ in range(30):
+        _, t_p, _, tpot = steady_state(ctx, work, r)
+        nxt = max(min(int(round(lam * (t_p + work.output_len * tpot))), cap), 1)
+        if nxt == r:
+            break
+        r = nxt
+    return r, "load" if r < cap else "kv cache"

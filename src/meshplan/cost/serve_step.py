@@ -1,0 +1,242 @@
+"""The serving step model: one prefill or decode step of a replica, from the same per-layer physics the training
+model uses (``cost.ops`` GEMM shapes, ``cost.compute`` rooflines with the fitted kernel efficiencies,
+``cost.comm`` collectives on the link their group spans), plus the two things serving adds: the KV cache (one
+home here for its bytes per token, used by memory, admission and transfer alike) and the engine's per-step
+host time.
+
+A decode step reads every weight of the stage and the running sequences' KV once; at decode batch sizes that
+is memory-bound (``gemm_time`` takes the larger of the compute and the memory roofline), and its two TP
+all-reduces per layer are KB-sized, so latency-bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.cost.calib import gpu_calibration
+from meshplan.cost.comm import collective_time, plan_links
+from meshplan.cost.compute import attention_time, gemm_time, memory_time
+from meshplan.cost.memory import layer_params
+from meshplan.cost.ops import Gemm, layer_ops
+from meshplan.cost.stage import embedding_params
+from meshplan.spec.calibration import Calibration
+from meshplan.spec.checks import even_split
+from meshplan.spec.cluster import Pool
+from meshplan.spec.engine import EngineProfile
+from meshplan.spec.framework import FrameworkProfile
+from meshplan.spec.model import BlockSpec, LayerSpec, ModelSpec
+from meshplan.spec.plan import Plan
+from meshplan.spec.serving import ServePlan
+
+SERVING_KERNELS = FrameworkProfile(name="serving-kernels", fused_kernels=True, flash_attention=True)
+"""Engines run fused kernels and flash/paged attention (FlashAttention, FlashInfer, TRT-LLM XQA)."""
+GiB = 2.0**30
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepContext:
+    """What every step of one replica needs: the model, the GPU pool, the plan, the engine, the constants."""
+
+    model: ModelSpec
+    pool: Pool
+    plan: ServePlan
+    engine: EngineProfile
+    calib: Calibration
+    step_host_s: float
+    """Host time per engine step that no device work hides (scheduling, input preparation, sampling launch,
+    detokenisation hand-off) (s): the serving calibration's per-engine constant."""
+    request_s: float = 0.0
+    """Time a request spends outside the engine's steps before its first token (HTTP server, tokenisation,
+    network: NIM's TTFT "includes request queuing time, prefill time, and network latency") (s): per engine."""
+
+
+def step_context(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EngineProfile, constants: dict) -> StepContext:
+    """The context of a replica, with the kernel constants of its GPU and the engine's host time."""
+    calib = gpu_calibration(pool.gpu)
+    mem = constants.get("decode_mem_eff", {}).get(pool.gpu.generation)
+    if mem:
+        calib = calib.with_(mem_eff=mem)
+
+    def per_engine(table: str) -> float:
+        # A profile's own constant, else its family's (vllm, sglang, trtllm), else none.
+        t = constants.get(table, {})
+        return t.get(engine.name, t.get(engine.engine, 0.0))
+    return StepContext(model=model, pool=pool, plan=plan, engine=engine, calib=calib,
+                       step_host_s=per_engine("step_host_s"), request_s=per_engine("request_s"))
+
+
+def kv_bytes_per_token(layer: LayerSpec, kv_bytes: float) -> float:
+    """KV-cache bytes one token of one layer stores, whole (all heads): K and V of every KV head (MHA/GQA,
+    2 n_kv d_h b), or MLA's one latent of kv_lora_rank + qk_rope_head_dim (sglang MLATokenToKVPool)."""
+    att = layer.attention
+    if att is None:
+        return 0.0
+    if att.kind == "mla":
+        return (att.kv_lora_rank + att.qk_rope_head_dim) * kv_bytes
+    return 2.0 * att.n_kv_heads * att.head_dim * kv_bytes
+
+
+def kv_shard(layer: LayerSpec, tp: int) -> int:
+    """Ranks one layer's KV is split over: the KV heads over tp, replicated beyond tp = n_kv (each rank keeps at
+    least one head); MLA's latent is replicated on every TP rank (``ReplicatedLinear`` kv_a_proj)."""
+    att = layer.attention
+    if att is None or att.kind == "mla":
+        return 1
+    return min(tp, att.n_kv_heads)
+
+
+def stage_blocks(model: ModelSpec, pp: int) -> list[list[BlockSpec]]:
+    """The layers of each pipeline stage (even split, remainder to the middle stages)."""
+    layers = [b for b, _ in model.layers()]
+    out, start = [], 0
+    for n in even_split(len(layers), pp):
+        out.append(layers[start:start + n])
+        start += n
+    return out
+
+
+def kv_bytes_per_token_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
+    """KV bytes one token costs the fullest GPU of a replica (its stage's layers, split over tp as far as the
+    KV heads allow)."""
+    return max(sum(kv_bytes_per_token(b.layer, plan.kv_bytes) / kv_shard(b.layer, plan.tp) for b in blocks)
+               for blocks in stage_blocks(model, plan.pp))
+
+
+def weight_bytes_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
+    """Weight bytes of the fullest GPU: its stage's layers over tp (experts over ep), embedding on the first
+    stage and the output head on the last (vocab-parallel)."""
+    probe = Plan(global_batch=1, seq_len=1, tp=plan.tp)
+    worst = 0.0
+    stages = stage_blocks(model, plan.pp)
+    for i, blocks in enumerate(stages):
+        params = embedding_params(model, probe, first=i == 0, last=i == len(stages) - 1)
+        for b in blocks:
+            dense, expert = layer_params(b.layer)
+            params += dense / plan.tp + expert / max(plan.ep, 1)
+        worst = max(worst, params * plan.weight_bytes)
+    return worst
+
+
+def activation_bytes(model: ModelSpec, plan: ServePlan, engine: EngineProfile) -> float:
+    """Peak activation memory of the engine's largest step (its profile run of ``activation_tokens``): the
+    gated MLP's intermediate and the residual stream in 16 bits, plus fp32 logits of its most sequences
+    (vLLM profile_run and sampler dummy run)."""
+    layer = model.decoder
+    width = (2 if layer.gated else 1) * max(layer.ffn_hidden, layer.moe.expert_ffn_hidden if layer.moe else 0)
+    per_token = 2.0 * (width / plan.tp + 4 * layer.hidden)
+    return engine.activation_tokens * per_token + 4.0 * engine.max_num_seqs * model.vocab / plan.tp
+
+
+def kv_capacity_bytes(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EngineProfile) -> float:
+    """KV-cache bytes per GPU the engine allocates, as its own sizing rule computes them (``kv_fraction_of``);
+    negative when the weights alone do not fit."""
+    hbm = pool.gpu.hbm_bytes
+    used = weight_bytes_per_gpu(model, plan) + activation_bytes(model, plan, engine) + engine.runtime_reserve_gib * GiB
+    f = engine.kv_memory_fraction
+    if engine.kv_fraction_of == "total":  # vLLM: total x util - weights - profile-run peak - non-torch
+        return f * hbm - used
+    if engine.kv_fraction_of == "free":   # TRT-LLM: fraction of what is free after the engine is loaded
+        free = hbm - used
+        return f * free if free > 0 else free
+    return f * hbm - weight_bytes_per_gpu(model, plan)  # SGLang: weights + KV within fraction x memory
+
+
+def _probe(ctx: StepContext, seq: int) -> Plan:
+    prec = "fp8" if ctx.plan.precision == "fp8" else "bf16"
+    return Plan(global_batch=1, seq_len=max(seq, 1), tp=ctx.plan.tp, ep=ctx.plan.ep, precision=prec)
+
+
+def allreduce_time(ctx: StepContext, nbytes: float) -> float:
+    """One TP all-reduce of ``nbytes``: the engine's one-shot NVLink kernel below its size limit (each rank reads
+    every peer's buffer: two flag latencies plus (tp-1) copies at link bandwidth; vLLM custom_all_reduce.cuh
+    cross_device_reduce_1stage, TRT-LLM ONESHOT), else NCCL's ring (``collective_time``)."""
+    tp = ctx.plan.tp
+    if tp <= 1:
+        return 0.0
+    link = plan_links(_probe(ctx, 1), ctx.pool).tp
+    if nbytes <= ctx.engine.custom_allreduce_bytes and link.level == "nvlink":
+        return 2 * link.latency + (tp - 1) * nbytes / (link.bandwidth * ctx.calib.intra_eff)
+    return collective_time("all_reduce", nbytes, size=tp, link=link, calib=ctx.calib)
+
+
+def _layer_time(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv_tokens: float) -> float:
+    """One layer on one TP rank: its GEMMs for ``tokens`` tokens (weights read once), the attention core over
+    ``seq`` (prefill: causal flash attention) or the KV of ``kv_tokens`` cached tokens (decode), elementwise
+    passes, and its two all-reduces."""
+    plan = _probe(ctx, seq)
+    ops = layer_ops(layer, tokens=tokens, plan=plan, stack=SERVING_KERNELS, seq=seq)
+    dtype = plan.precision
+    t = sum(gemm_time(g, gpu=ctx.pool.gpu, calib=ctx.calib, dtype=dtype) for g in ops.gemms)
+    t += memory_time(ops.elementwise_bytes, gpu=ctx.pool.gpu, calib=ctx.calib)
+    if kv_tokens:
+        kv = kv_tokens * kv_bytes_per_token(layer, ctx.plan.kv_bytes) / kv_shard(layer, ctx.plan.tp)
+        t += max(memory_time(kv, gpu=ctx.pool.gpu, calib=ctx.calib), ctx.calib.launch_s)
+    else:
+        t += attention_time(ops.attn_flops, gpu=ctx.pool.gpu, calib=ctx.calib, dtype=dtype)
+    if layer.attention is not None and ctx.plan.tp > 1:
+        t += 2 * allreduce_time(ctx, tokens * layer.hidden * 2.0)
+    return t
+
+
+def _head_time(ctx: StepContext, rows: int) -> float:
+    """The output head for ``rows`` tokens (the last token of each prefill, every decoding sequence)."""
+    m = ctx.model
+    g = Gemm(name="lm_head", m=rows, n=max(m.vocab // ctx.plan.tp, 1), k=m.hidden)
+    return gemm_time(g, gpu=ctx.pool.gpu, calib=ctx.calib, dtype="bf16")
+
+
+def stage_time(ctx: StepContext, blocks: list[BlockSpec], *, tokens: int, seq: int, kv_tokens: float,
+               head_rows: int) -> float:
+    """One pipeline stage's layers (and the head if ``head_rows``), memoised per distinct layer spec."""
+    memo: dict[int, float] = {}
+    t = 0.0
+    for b in blocks:
+        if id(b) not in memo:
+            memo[id(b)] = _layer_time(ctx, b.layer, tokens=tokens, seq=seq, kv_tokens=kv_tokens)
+        t += memo[id(b)]
+    return t + (_head_time(ctx, head_rows) if head_rows else 0.0)
+
+
+def _p2p(ctx: StepContext, tokens: int) -> float:
+    """A stage-to-stage send of ``tokens`` hidden states."""
+    if ctx.plan.pp <= 1:
+        return 0.0
+    link = plan_links(_probe(ctx, 1), ctx.pool).pp
+    return collective_time("send_recv", tokens * ctx.model.hidden * 2.0, size=2, link=link, calib=ctx.calib)
+
+
+def prefill_time(ctx: StepContext, *, tokens: int) -> float:
+    """Seconds to prefill one prompt of ``tokens`` tokens through every stage (the time to its first token,
+    without queueing), plus one engine step of host time."""
+    stages = stage_blocks(ctx.model, ctx.plan.pp)
+    t = sum(stage_time(ctx, blocks, tokens=tokens, seq=tokens, kv_tokens=0.0, head_rows=1 if i == len(stages) - 1
+                       else 0) for i, blocks in enumerate(stages))
+    return t + (len(stages) - 1) * _p2p(ctx, tokens) + ctx.step_host_s
+
+
+def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:
+    """Seconds for every one of ``batch`` running sequences (mean ``context`` cached tokens) to gain one token:
+    the batch padded to the engine's CUDA-graph size, split into pp micro-batches that flow through the stages
+    (a stage's time at batch/pp, pp of them per step, plus the sends), plus one engine step of host time."""
+    pp = ctx.plan.pp
+    micro = max(-(-batch // pp), 1)
+    rows = ctx.engine.graph_batch(micro)
+    stages = stage_blocks(ctx.model, pp)
+    slowest = max(stage_time(ctx, blocks, tokens=rows, seq=int(context), kv_tokens=micro * context,
+                             head_rows=rows if i == len(stages) - 1 else 0) for i, blocks in enumerate(stages))
+    launches = 0.0 if ctx.engine.uses_graph(micro) else _eager_launches(ctx)
+    return pp * (slowest + launches) + (pp - 1) * _p2p(ctx, micro) + ctx.step_host_s
+
+
+def _eager_launches(ctx: StepContext) -> float:
+    """Kernel launches a stage issues when its batch is above the largest CUDA graph (each op one launch gap)."""
+    plan = _probe(ctx, 1)
+    blocks = stage_blocks(ctx.model, ctx.plan.pp)[0]
+    n_ops = sum(layer_ops(b.layer, tokens=1, plan=plan, stack=SERVING_KERNELS).n_ops for b in blocks)
+    return n_ops * ctx.calib.launch_s
+
+
+def step_context_for(model: ModelSpec, cluster, plan: ServePlan, engine: EngineProfile,
+                     constants: dict) -> StepContext:
+    """The step context on a cluster's first pool (a replica lives in one pool)."""
+    return step_context(model, cluster.pools[0], plan, engine, constants)

@@ -1,0 +1,121 @@
+"""The serving-engine profile: what an inference engine does that a layout does not say (KV memory sizing and
+admission, batching caps, chunked prefill, CUDA-graph batch sizes, custom all-reduce, multi-step streaming, how
+its benchmark defines TPOT). The serving counterpart of ``FrameworkProfile``; presets live in
+``catalog/engines/*.toml``, each field citing the engine's source at a version in ``[sources]``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from meshplan.errors import SpecError
+
+ENGINES = ("vllm", "sglang", "trtllm")
+KV_FRACTION_OF = ("total", "free", "static")
+ADMISSIONS = ("lazy", "reserve")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineProfile:
+    """One serving engine at one version."""
+
+    name: str
+    """Catalog name, e.g. ``vllm-0.6.0``."""
+    engine: str
+    """Engine family: ``vllm``, ``sglang`` or ``trtllm`` (NIM and MLPerf harnesses run TensorRT-LLM)."""
+    version: str
+    """The release the facts are read from."""
+    summary: str = ""
+    """One line for listings."""
+    matches: tuple[str, ...] = ()
+    """Prefixes of a validation row's ``framework`` column that this profile reproduces (data, not a regex)."""
+    kv_memory_fraction: float = 0.9
+    """The engine's KV memory knob (vLLM ``gpu_memory_utilization``, SGLang ``mem_fraction_static``, TRT-LLM
+    ``free_gpu_memory_fraction``)."""
+    kv_fraction_of: str = "total"
+    """What the knob is a fraction of: ``total`` (vLLM: total x util - weights - profile-run peak), ``free``
+    (TRT-LLM: fraction of the memory free after the engine is loaded), ``static`` (SGLang: weights + KV pool
+    within fraction x total)."""
+    activation_tokens: int = 8192
+    """Tokens of the largest step the engine sizes activation memory for (the profile run / max_num_tokens)."""
+    runtime_reserve_gib: float = 1.5
+    """Memory outside weights, KV and activations: CUDA context, NCCL and custom all-reduce buffers, CUDA graphs
+    (GiB)."""
+    block_size: int = 16
+    """KV tokens per block (page); each sequence wastes under one block."""
+    max_num_seqs: int = 256
+    """Most sequences running at once."""
+    max_batched_tokens: int = 8192
+    """Most tokens one step schedules (prefill chunk plus decodes)."""
+    chunked_prefill: bool = False
+    """Prefill is split into chunks that share steps with decodes."""
+    admission: str = "lazy"
+    """``lazy``: KV blocks are taken as sequences grow (vLLM, SGLang: preempt when full); ``reserve``: a request is
+    admitted only with room for its whole output (TRT-LLM GUARANTEED_NO_EVICT)."""
+    cuda_graph_max_batch: int = 256
+    """Largest decode batch replayed from a CUDA graph; larger batches run eagerly (0 = no graphs)."""
+    cuda_graph_step: int = 8
+    """Captured batch sizes: 1, 2, 4, then multiples of this up to the maximum; a batch pads up to the next."""
+    custom_allreduce_bytes: float = 0.0
+    """Messages up to this size use the engine's one-shot NVLink all-reduce instead of NCCL (0 = none)."""
+    fp8_kv: bool = False
+    """An fp8-quantized checkpoint also stores its KV cache in fp8 (TensorRT-LLM's FP8 recipe); else the KV stays
+    16-bit unless asked."""
+    multi_step: int = 1
+    """Decode steps scheduled per host round (vLLM ``--num-scheduler-steps``); streamed chunks carry that many
+    tokens, so ITL is that many steps."""
+    sources: dict = field(default_factory=dict, compare=False, hash=False)
+    """Field name -> the public source of its value."""
+
+    def __post_init__(self) -> None:
+        for name, opts in (("engine", ENGINES), ("kv_fraction_of", KV_FRACTION_OF), ("admission", ADMISSIONS)):
+            if getattr(self, name) not in opts:
+                raise SpecError(f"engine.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
+        if not 0 < self.kv_memory_fraction <= 1:
+            raise SpecError("engine.kv_memory_fraction", self.kv_memory_fraction, "must be in (0, 1]")
+        for name in ("activation_tokens", "block_size", "max_num_seqs", "max_batched_tokens", "cuda_graph_step",
+                     "multi_step"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise SpecError(f"engine.{name}", v, "must be an integer >= 1")
+        if self.cuda_graph_max_batch < 0 or self.custom_allreduce_bytes < 0 or self.runtime_reserve_gib < 0:
+            raise SpecError(f"engine {self.name}", "negative size", "sizes must be >= 0")
+
+    def graph_batch(self, batch: int) -> int:
+        """The batch a decode step of ``batch`` sequences runs at: padded up to the next captured CUDA-graph size
+        (1, 2, 4, then multiples of ``cuda_graph_step``), or as is above the largest (eager)."""
+        if batch > self.cuda_graph_max_batch or batch <= 0:
+            return batch
+        for size in (1, 2, 4):
+            if batch <= size:
+                return size
+        step = self.cuda_graph_step
+        return min(-(-batch // step) * step, self.cuda_graph_max_batch)
+
+    def uses_graph(self, batch: int) -> bool:
+        """Whether a decode step of ``batch`` sequences replays a CUDA graph (no per-kernel host launches)."""
+        return 0 < batch <= self.cuda_graph_max_batch
+
+
+SETTINGS = tuple(f.name for f in fields(EngineProfile) if f.name not in ("name", "engine", "version", "summary",
+                                                                          "matches", "sources"))
+"""Fields a command may change for one prediction (``--max-num-seqs``...)."""
+
+
+def engine_from_dict(d: dict, where: str) -> EngineProfile:
+    """An engine profile from its TOML table; every setting needs a ``[sources]`` entry."""
+    if not isinstance(d, dict):
+        raise SpecError(where, d, "must be a table")
+    allowed = {f.name for f in fields(EngineProfile)}
+    bad = sorted(set(d) - allowed)
+    if bad:
+        raise SpecError(where, bad, f"unknown engine fields; known: {', '.join(sorted(allowed))}")
+    kw = dict(d)
+    kw["matches"] = tuple(kw.get("matches", ()))
+    sources = kw.get("sources", {})
+    missing = [k for k in d if k in SETTINGS and k not in sources]
+    if missing:
+        raise SpecError(f"{where}.sources", missing, "every setting must cite its source")
+    try:
+        return EngineProfile(**kw)
+    except TypeError as exc:
+        raise SpecError(where, d.get("name"), str(exc)) from None

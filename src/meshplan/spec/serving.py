@@ -1,0 +1,95 @@
+"""The serving specs: *how* a model is laid out to serve (``ServePlan``) and the load it serves (``Workload``).
+What the engine does is its ``EngineProfile`` (``spec.engine``); the hardware is a ``ClusterSpec``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.errors import SpecError
+
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8")
+KV_DTYPES = ("bf16", "fp16", "fp8")
+DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+
+
+def _int(name: str, value, lo: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        raise SpecError(name, value, f"must be an integer >= {lo}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServePlan:
+    """One serving deployment: each replica is a tp x pp engine instance; ``replicas`` of them share the load."""
+
+    tp: int = 1
+    """Tensor-parallel degree of a replica."""
+    pp: int = 1
+    """Pipeline stages of a replica (decode micro-batches the running batch over them)."""
+    ep: int = 1
+    """Expert-parallel degree inside a replica (MoE)."""
+    replicas: int = 1
+    """Independent engine instances (data parallel); requests are spread evenly."""
+    precision: str = "bf16"
+    """Weight and GEMM precision (``fp8``: weights and activations in fp8, as TensorRT-LLM's FP8 quantization)."""
+    kv_dtype: str = "bf16"
+    """KV-cache element type."""
+    engine: str = "vllm"
+    """Serving-engine profile name (``catalog/engines``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "ep", "replicas"):
+            _int(f"serve.{name}", getattr(self, name), 1)
+        if self.precision not in WEIGHT_DTYPES:
+            raise SpecError("serve.precision", self.precision, f"must be one of {', '.join(WEIGHT_DTYPES)}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise SpecError("serve.kv_dtype", self.kv_dtype, f"must be one of {', '.join(KV_DTYPES)}")
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs of one replica: tp * pp (ep folds inside tp)."""
+        return self.tp * self.pp
+
+    @property
+    def n_gpus(self) -> int:
+        """GPUs of the deployment."""
+        return self.gpus_per_replica * self.replicas
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of one weight element."""
+        return DTYPE_BYTES[self.precision]
+
+    @property
+    def kv_bytes(self) -> float:
+        """Bytes of one KV-cache element."""
+        return DTYPE_BYTES[self.kv_dtype]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """Requests of ``input_len`` prompt tokens generating ``output_len`` tokens, under a closed loop of
+    ``concurrency`` clients, an open loop of ``rate`` requests/s, or offline (neither: as many as fit)."""
+
+    input_len: int
+    """Prompt tokens per request (mean)."""
+    output_len: int
+    """Generated tokens per request (mean)."""
+    concurrency: int = 0
+    """Closed loop: requests in flight (each client sends its next request when the last one ends); 0 = not."""
+    rate: float = 0.0
+    """Open loop: Poisson arrivals per second; 0 = not."""
+
+    def __post_init__(self) -> None:
+        _int("workload.input_len", self.input_len, 1)
+        _int("workload.output_len", self.output_len, 1)
+        _int("workload.concurrency", self.concurrency, 0)
+        if not isinstance(self.rate, (int, float)) or self.rate < 0 or self.rate != self.rate:
+            raise SpecError("workload.rate", self.rate, "must be a number of requests per second >= 0")
+        if self.concurrency and self.rate:
+            raise SpecError("workload", f"concurrency={self.concurrency}, rate={self.rate}",
+                            "give a closed loop (concurrency) or an open loop (rate), not both")
+
+    @property
+    def offline(self) -> bool:
+        """No loop given: every request is queued at once (offline throughput, e.g. trtllm-bench)."""
+        return not self.concurrency and not self.rate
