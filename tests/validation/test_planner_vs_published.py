@@ -18,10 +18,22 @@ from meshplan.search.result import RankedPlan
 CSV = Path(__file__).resolve().parents[3] / "shared" / "validation" / "runs_visible.csv"
 
 
+SUITE_STRIDE = 3
+"""The suite checks every third run (a third of each source, ~40 s on 2 cores); benchmarks/bench_planner.py checks
+all 94."""
+
+
 @pytest.mark.skipif(not CSV.is_file(), reason="validation set not present")
 def test_planner_no_slower_than_published_layouts():
     runs, _ = load_runs(CSV)
     assert len(runs) >= 90
+    slower, faster = compare_with_published(runs[::SUITE_STRIDE])
+    print(f"\n{len(faster)} of {len(runs[::SUITE_STRIDE])} rows have a faster plan:\n" + "\n".join(faster))
+    assert not slower, slower
+
+
+def compare_with_published(runs) -> tuple[list, list[str]]:
+    """(runs the planner cannot match, lines for runs it beats by more than 1 %)."""
     slower, faster = [], []
     for run in runs:
         pub = estimate(run.model, run.cluster, run.plan, stack=run.framework)
@@ -39,5 +51,4 @@ def test_planner_no_slower_than_published_layouts():
             faster.append(f"{run.id}: {layout_short(best.plan)} {best.plan.schedule_name} "
                           f"mb{best.plan.micro_batch} {best.plan.recompute} beats published "
                           f"{layout_short(ref.plan)}: {runner_up(best, ref, frac)}")
-    print(f"\n{len(faster)} of {len(runs)} rows have a faster plan:\n" + "\n".join(faster))
-    assert not slower, slower
+    return slower, faster
