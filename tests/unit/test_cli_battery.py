@@ -68,6 +68,9 @@ CASES = [
     (["plan", *BASE, "--schedule", "zbv"], 2, "megatron-core runs the pipeline schedules"),
     (["plan", *BASE, "--schedule", "1f1b", "--pp", "1"], 2, "needs a pipeline"),
     (["plan", *BASE, "--tp", "-1"], 2, "--tp"),
+    (["plan", *BASE, "--dp-shard", "-1"], 2, "dp_shard"),
+    (["plan", *BASE, "--recompute-layers", "-2"], 2, "recompute_layers"),
+    (["plan", *BASE, "--etp", "-1"], 2, "--etp"),
     # prices
     (["plan", *BASE, "--price", "-1"], 2, "positive price"),
     (["plan", *BASE, "--price", "0"], 2, "positive price"),
@@ -153,7 +156,8 @@ NUMBERS = st.one_of(st.integers(-3, 70), st.sampled_from(["0", "-1", "1e9", "nan
 NAMES = st.sampled_from(["llama3-8b", "tiny-llama", "mixtral-8x7b", "nope", "", "8xh100-sxm", "{json}", "{binary}",
                          "{empty}", "{csv}", "{dir}", "1f1b", "zbv", "a2a", "full", "fp8", "bf16"])
 FLAGS = {"--tp": NUMBERS, "--pp": NUMBERS, "--cp": NUMBERS, "--dp": NUMBERS, "--ep": NUMBERS, "--vpp": NUMBERS,
-         "--zero": NUMBERS, "--micro-batch": NUMBERS, "--global-batch": NUMBERS, "--seq-len": NUMBERS,
+         "--zero": NUMBERS, "--etp": NUMBERS, "--dp-shard": NUMBERS, "--recompute-layers": NUMBERS,
+         "--micro-batch": NUMBERS, "--global-batch": NUMBERS, "--seq-len": NUMBERS,
          "--schedule": NAMES, "--recompute": NAMES, "--cp-kind": NAMES, "--precision": NAMES, "--model": NAMES,
          "--gpus": st.one_of(NAMES, st.builds(lambda n, g: f"{n}x{g}", st.integers(-1, 10**6),
                                               st.sampled_from(["h100-sxm", "a100-80gb", "cpu", "nope"]))),
