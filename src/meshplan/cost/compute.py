@@ -6,9 +6,7 @@ from dataclasses import replace
 
 from meshplan.cost.ops import Gemm, LayerOps
 from meshplan.spec.calibration import Calibration
-from meshplan.spec.hardware import GPUSpec
-
-DTYPE_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+from meshplan.spec.hardware import DTYPE_BYTES, GPUSpec
 
 
 def shape_eff(m: float, n: float, k: float, calib: Calibration) -> float:

@@ -234,9 +234,3 @@ def _eager_launches(ctx: StepContext) -> float:
     blocks = stage_blocks(ctx.model, ctx.plan.pp)[0]
     n_ops = sum(layer_ops(b.layer, tokens=1, plan=plan, stack=SERVING_KERNELS).n_ops for b in blocks)
     return n_ops * ctx.calib.launch_s
-
-
-def step_context_for(model: ModelSpec, cluster, plan: ServePlan, engine: EngineProfile,
-                     constants: dict) -> StepContext:
-    """The step context on a cluster's first pool (a replica lives in one pool)."""
-    return step_context(model, cluster.pools[0], plan, engine, constants)

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from meshplan.errors import SpecError
 
+DTYPE_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+"""Bytes of one element of each number format the GPUs' peaks are given for (IEEE 754 / OCP FP8)."""
+
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 GENERATIONS = ("volta", "ampere", "ada", "hopper", "blackwell", "cdna3", "tpu", "cpu")
 GB = 1e9

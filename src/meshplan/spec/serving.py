@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.errors import SpecError
+from meshplan.spec.hardware import DTYPE_BYTES
 
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8")
 KV_DTYPES = ("bf16", "fp16", "fp8")
-DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 
 
 def _int(name: str, value, lo: int) -> None:
