@@ -13,14 +13,14 @@ import sys
 
 import typer
 
-COMMAND_MODULES = ("demo", "estimate", "validate", "plan", "export", "report", "explain", "run", "calibrate",
-                   "check", "memcheck")
+COMMAND_MODULES = ("demo", "estimate", "validate", "plan", "serve", "export", "report", "explain", "run",
+                   "calibrate", "check", "memcheck")
 
 
 def build_app() -> typer.Typer:
     """The typer app with every available command module registered."""
     app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                      help="Plan, predict and run hybrid parallelism for large-model training.")
+                      help="Plan, predict and run hybrid parallelism for large-model training and serving.")
     for name in COMMAND_MODULES:
         if importlib.util.find_spec(f"meshplan.cli.{name}") is not None:
             importlib.import_module(f"meshplan.cli.{name}").register(app)

@@ -16,11 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.cost.serve_step import (
+    GiB,
     StepContext,
     decode_time,
     kv_bytes_per_token_per_gpu,
     kv_capacity_bytes,
     prefill_time,
+    weight_bytes_per_gpu,
 )
 from meshplan.errors import Infeasible
 from meshplan.spec.serving import Workload
@@ -56,6 +58,23 @@ class ServePrediction:
     """One decode step at the resident batch."""
     prefill: float
     """One prompt's prefill."""
+    wait_fixed: float = 0.0
+    """Part of ``queue_wait`` every request pays (a closed loop's admission wait: clients cycle in turn)."""
+    wait_prob: float = 0.0
+    """Probability that a request waits beyond ``wait_fixed`` (the busy share of what it queues for)."""
+    stall: float = 0.0
+    """Extra time of a decode step that carries a prefill (or a prefill chunk)."""
+    stall_share: float = 0.0
+    """Share of decode steps that carry one."""
+    kv_transfer: float = 0.0
+    """Prefill-to-decode KV-cache transfer of one request (disaggregated serving)."""
+    gpus: int = 0
+    """GPUs the deployment uses."""
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        """Output tokens per second per GPU used."""
+        return self.output_tokens_per_s / max(self.gpus, 1)
 
     @property
     def queue_dominated(self) -> bool:
@@ -84,12 +103,19 @@ def fit_check(ctx: StepContext, work: Workload) -> Infeasible | None:
     need = work.input_len + work.output_len
     if cap >= need:
         return None
-    return Infeasible(kind="memory", reason=f"{ctx.model.name} tp={ctx.plan.tp} pp={ctx.plan.pp} on "
-                      f"{ctx.pool.gpu.name}: the KV cache holds {max(cap, 0):,} tokens after the weights, one request "
-                      f"needs {need:,}", details={"kv_capacity_tokens": cap, "request_tokens": need})
+    where = f"{ctx.model.name} tp={ctx.plan.tp} pp={ctx.plan.pp} on {ctx.pool.gpu.name}"
+    weights = weight_bytes_per_gpu(ctx.model, ctx.plan) / GiB
+    if cap <= 0:
+        reason = (f"{where}: {weights:,.1f} GiB of {ctx.plan.precision} weights per GPU leave no KV cache in "
+                  f"{ctx.pool.gpu.hbm_bytes / GiB:,.0f} GiB ({ctx.engine.name} sizes it at "
+                  f"{ctx.engine.kv_memory_fraction:g} of {ctx.engine.kv_fraction_of} memory)")
+    else:
+        reason = f"{where}: the KV cache holds {cap:,} tokens after the weights, one request needs {need:,}"
+    return Infeasible(kind="memory", reason=reason, details={"kv_capacity_tokens": cap, "request_tokens": need,
+                                                             "weight_gib_per_gpu": weights})
 
 
-def _kv_need(ctx: StepContext, work: Workload) -> float:
+def kv_need(ctx: StepContext, work: Workload) -> float:
     """KV tokens a resident request holds on average for admission (whole output when reserved, half as it
     grows when blocks are taken lazily), rounded up to blocks."""
     out = work.output_len if ctx.engine.admission == "reserve" else work.output_len / 2.0
@@ -100,7 +126,7 @@ def _kv_need(ctx: StepContext, work: Workload) -> float:
 
 def resident_cap(ctx: StepContext, work: Workload) -> tuple[int, str]:
     """Most requests one replica runs at once, and what sets it."""
-    by_kv = max(int(kv_capacity_tokens(ctx) // _kv_need(ctx, work)), 1)
+    by_kv = max(int(kv_capacity_tokens(ctx) // kv_need(ctx, work)), 1)
     if by_kv < ctx.engine.max_num_seqs:
         return by_kv, "kv cache"
     return ctx.engine.max_num_seqs, "max_num_seqs"
@@ -128,21 +154,36 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
     t_d, t_p, cycle, tpot = steady_state(ctx, work, resident)
     x_req = resident / cycle  # requests/s of one replica
     service = t_p + t_d / 2 + (work.output_len - 1) * tpot
-    wait = _wait(ctx, work, replicas, resident=resident, cap=cap, x_req=x_req, service=service, t_p=t_p)
+    wait, fixed, prob = _wait(ctx, work, replicas, resident=resident, cap=cap, x_req=x_req, service=service,
+                              t_p=t_p)
     ttft = wait + t_p + t_d / 2 + ctx.request_s
+    stall, share = prefill_stall(ctx, work, resident=resident, t_p=t_p)
     return ServePrediction(
         ttft=ttft, tpot=tpot, itl=ctx.engine.multi_step * tpot, e2e=ttft + (work.output_len - 1) * tpot,
         queue_wait=wait, output_tokens_per_s=replicas * x_req * work.output_len, requests_per_s=replicas * x_req,
         resident=resident, kv_capacity_tokens=kv_capacity_tokens(ctx),
-        kv_occupancy=min(resident * _kv_need(ctx, work) / max(kv_capacity_tokens(ctx), 1), 1.0), limited_by=limit,
-        decode_step=t_d, prefill=t_p)
+        kv_occupancy=min(resident * kv_need(ctx, work) / max(kv_capacity_tokens(ctx), 1), 1.0), limited_by=limit,
+        decode_step=t_d, prefill=t_p, wait_fixed=fixed, wait_prob=prob, stall=stall, stall_share=share,
+        gpus=replicas * ctx.plan.gpus_per_replica)
+
+
+def prefill_stall(ctx: StepContext, work: Workload, *, resident: int, t_p: float) -> tuple[float, float]:
+    """(extra time, share of decode steps) of the steps that carry a prefill: a whole prompt, or with chunked
+    prefill a chunk of max_batched_tokens shared by more steps (Sarathi-Serve, Agrawal et al. OSDI'24). Their
+    mean, share x time, is the (R - 1) t_p / O that ``steady_state`` adds to every token."""
+    if resident <= 1:
+        return 0.0, 0.0
+    chunk = min(1.0, ctx.engine.max_batched_tokens / work.input_len) if ctx.engine.chunked_prefill else 1.0
+    stall = t_p * chunk
+    return stall, min((resident - 1) * t_p / (work.output_len * stall), 1.0)
 
 
 def _wait(ctx: StepContext, work: Workload, replicas: int, *, resident: int, cap: int, x_req: float,
-          service: float, t_p: float) -> float:
-    """Seconds a request waits before its prefill starts."""
+          service: float, t_p: float) -> tuple[float, float, float]:
+    """Seconds a request waits before its prefill starts: (mean, the part every request pays, probability of
+    waiting beyond it)."""
     if work.offline:
-        return 0.0
+        return 0.0, 0.0, 0.0
     # Prefills run one at a time: a request finds the replica's prefill busy a share rho_p = x_req t_p of the
     # time and waits as in an M/D/1 queue, rho_p / (2 (1 - rho_p)) t_p (Pollaczek-Khinchine).
     rho_p = min(x_req * t_p, 0.95)
@@ -151,12 +192,15 @@ def _wait(ctx: StepContext, work: Workload, replicas: int, *, resident: int, cap
         per = work.concurrency / replicas
         # Closed loop (Little's law): per clients cycle through wait + service at x_req; nobody waits for
         # admission while all of them are resident.
-        return max(per / x_req - service, behind) if per > cap else behind
+        admit = per / x_req - service if per > cap else 0.0
+        if admit > behind:
+            return admit, admit, 0.0
+        return behind, 0.0, rho_p
     lam = work.rate / replicas
     rho = min(lam / x_req, 0.999)
     # Kingman's G/G/1 with Poisson arrivals (c_a^2 = 1) and deterministic service (c_s^2 = 0): the prefill is the
     # service a queued request waits for; saturation is reported through rho -> 1.
-    return rho / (1 - rho) * 0.5 * t_p
+    return rho / (1 - rho) * 0.5 * t_p, 0.0, rho
 
 
 def _open_loop_resident(ctx: StepContext, work: Workload, cap: int, replicas: int) -> tuple[int, str]:

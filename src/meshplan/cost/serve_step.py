@@ -11,7 +11,7 @@ all-reduces per layer are KB-sized, so latency-bound.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshplan.cost.calib import gpu_calibration
 from meshplan.cost.comm import collective_time, plan_links
@@ -103,8 +103,9 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
 
 
 def weight_bytes_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
-    """Weight bytes of the fullest GPU: its stage's layers over tp (experts over ep), embedding on the first
-    stage and the output head on the last (vocab-parallel)."""
+    """Weight bytes of the fullest GPU: its stage's layers over tp (experts over ep x expert-tp = tp: whole
+    experts over ep, each sliced over the rest of tp, as vLLM FusedMoE and SGLang EP place them), embedding on
+    the first stage and the output head on the last (vocab-parallel)."""
     probe = Plan(global_batch=1, seq_len=1, tp=plan.tp)
     worst = 0.0
     stages = stage_blocks(model, plan.pp)
@@ -112,7 +113,7 @@ def weight_bytes_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
         params = embedding_params(model, probe, first=i == 0, last=i == len(stages) - 1)
         for b in blocks:
             dense, expert = layer_params(b.layer)
-            params += dense / plan.tp + expert / max(plan.ep, 1)
+            params += (dense + expert) / plan.tp
         worst = max(worst, params * plan.weight_bytes)
     return worst
 
@@ -142,8 +143,10 @@ def kv_capacity_bytes(model: ModelSpec, pool: Pool, plan: ServePlan, engine: Eng
 
 
 def _probe(ctx: StepContext, seq: int) -> Plan:
+    """The training plan whose per-rank GEMM shapes are the replica's: experts over ep, sliced over tp / ep."""
     prec = "fp8" if ctx.plan.precision == "fp8" else "bf16"
-    return Plan(global_batch=1, seq_len=max(seq, 1), tp=ctx.plan.tp, ep=ctx.plan.ep, precision=prec)
+    ep = ctx.plan.ep if ctx.model.decoder.moe is not None else 1
+    return Plan(global_batch=1, seq_len=max(seq, 1), tp=ctx.plan.tp, ep=ep, etp=ctx.plan.tp // ep, precision=prec)
 
 
 def allreduce_time(ctx: StepContext, nbytes: float) -> float:
@@ -159,23 +162,58 @@ def allreduce_time(ctx: StepContext, nbytes: float) -> float:
     return collective_time("all_reduce", nbytes, size=tp, link=link, calib=ctx.calib)
 
 
-def _layer_time(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv_tokens: float) -> float:
-    """One layer on one TP rank: its GEMMs for ``tokens`` tokens (weights read once), the attention core over
-    ``seq`` (prefill: causal flash attention) or the KV of ``kv_tokens`` cached tokens (decode), elementwise
-    passes, and its two all-reduces."""
+def experts_touched(n_local: int, n_experts: int, top_k: int, tokens: int) -> float:
+    """Local experts that receive at least one of ``tokens`` tokens under uniform top-k routing:
+    n_local (1 - (1 - k/E)^T) (each expert is missed by a token with probability 1 - k/E); a decode step reads
+    only these experts' weights."""
+    return n_local * (1.0 - (1.0 - top_k / n_experts) ** max(tokens, 0))
+
+
+def _step_gemms(ctx: StepContext, layer: LayerSpec, gemms: list[Gemm], tokens: int) -> list[Gemm]:
+    """The layer's GEMMs with routed experts cut to those a step of ``tokens`` tokens touches (their rows
+    spread over them), so a small decode batch reads a few experts, not all."""
+    moe = layer.moe
+    if moe is None:
+        return gemms
+    out = []
+    for g in gemms:
+        if g.name.startswith("expert_") and g.count > 1:
+            hit = max(experts_touched(g.count, moe.n_experts, moe.top_k, tokens), 1.0)
+            rows = max(int(round(g.m * g.count / hit)), 1)
+            g = replace(g, m=rows, count=max(int(round(hit)), 1))
+        out.append(g)
+    return out
+
+
+PARTS = ("gemm", "attention", "elementwise", "allreduce")
+"""What one layer's time splits into (``layer_parts``)."""
+
+
+def layer_parts(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv_tokens: float) -> dict[str, float]:
+    """One layer on one TP rank, by part: its GEMMs for ``tokens`` tokens (weights read once), the attention core
+    over ``seq`` (prefill: causal flash attention) or the KV of ``kv_tokens`` cached tokens (decode), elementwise
+    passes, and its two all-reduces (attention and MLP or MoE output: with experts inside the TP group, vLLM's
+    and SGLang's default EP combine is that same all-reduce)."""
     plan = _probe(ctx, seq)
     ops = layer_ops(layer, tokens=tokens, plan=plan, stack=SERVING_KERNELS, seq=seq)
     dtype = plan.precision
-    t = sum(gemm_time(g, gpu=ctx.pool.gpu, calib=ctx.calib, dtype=dtype) for g in ops.gemms)
-    t += memory_time(ops.elementwise_bytes, gpu=ctx.pool.gpu, calib=ctx.calib)
+    gpu, calib = ctx.pool.gpu, ctx.calib
+    parts = dict.fromkeys(PARTS, 0.0)
+    parts["gemm"] = sum(gemm_time(g, gpu=gpu, calib=calib, dtype=dtype)
+                        for g in _step_gemms(ctx, layer, ops.gemms, tokens))
+    parts["elementwise"] = memory_time(ops.elementwise_bytes, gpu=gpu, calib=calib)
     if kv_tokens:
         kv = kv_tokens * kv_bytes_per_token(layer, ctx.plan.kv_bytes) / kv_shard(layer, ctx.plan.tp)
-        t += max(memory_time(kv, gpu=ctx.pool.gpu, calib=ctx.calib), ctx.calib.launch_s)
+        parts["attention"] = max(memory_time(kv, gpu=gpu, calib=calib), calib.launch_s)
     else:
-        t += attention_time(ops.attn_flops, gpu=ctx.pool.gpu, calib=ctx.calib, dtype=dtype)
+        parts["attention"] = attention_time(ops.attn_flops, gpu=gpu, calib=calib, dtype=dtype)
     if layer.attention is not None and ctx.plan.tp > 1:
-        t += 2 * allreduce_time(ctx, tokens * layer.hidden * 2.0)
-    return t
+        parts["allreduce"] = 2 * allreduce_time(ctx, tokens * layer.hidden * 2.0)
+    return parts
+
+
+def _layer_time(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv_tokens: float) -> float:
+    return sum(layer_parts(ctx, layer, tokens=tokens, seq=seq, kv_tokens=kv_tokens).values())
 
 
 def _head_time(ctx: StepContext, rows: int) -> float:
@@ -234,3 +272,27 @@ def _eager_launches(ctx: StepContext) -> float:
     blocks = stage_blocks(ctx.model, ctx.plan.pp)[0]
     n_ops = sum(layer_ops(b.layer, tokens=1, plan=plan, stack=SERVING_KERNELS).n_ops for b in blocks)
     return n_ops * ctx.calib.launch_s
+
+
+def decode_breakdown(ctx: StepContext, *, batch: int, context: float) -> dict[str, float]:
+    """``decode_time`` by where the time goes (sums to it): the slowest stage's GEMMs (weight reads), KV reads,
+    elementwise passes, TP all-reduces and output head, times pp micro-batches, plus eager launches, stage sends
+    and host time."""
+    pp = ctx.plan.pp
+    micro = max(-(-batch // pp), 1)
+    rows = ctx.engine.graph_batch(micro)
+    stages = stage_blocks(ctx.model, pp)
+    best: dict[str, float] = {}
+    for i, blocks in enumerate(stages):
+        parts = dict.fromkeys((*PARTS, "head"), 0.0)
+        for b in blocks:
+            for k, v in layer_parts(ctx, b.layer, tokens=rows, seq=int(context), kv_tokens=micro * context).items():
+                parts[k] += v
+        parts["head"] = _head_time(ctx, rows) if i == len(stages) - 1 else 0.0
+        if sum(parts.values()) > sum(best.values()):
+            best = parts
+    out = {k: pp * v for k, v in best.items()}
+    out["launches"] = 0.0 if ctx.engine.uses_graph(micro) else pp * _eager_launches(ctx)
+    out["pp_sends"] = (pp - 1) * _p2p(ctx, micro)
+    out["host"] = ctx.step_host_s
+    return out

@@ -1,0 +1,138 @@
+"""``meshplan serve``: search the serving deployments of a model on a cluster under a workload and SLOs.
+
+Exit status: 0 when a deployment meets the SLOs, 4 when none does (the reason and the nearest option are
+printed), 2 for user errors.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+NOTHING_MEETS_EXIT = 4
+PERCENTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "mean": 0.5}
+"""``--percentile`` names (``mean`` binds the median: with fixed lengths they coincide except for waiting)."""
+
+
+def _percentile(text: str) -> float:
+    from meshplan.errors import SpecError
+
+    key = text.strip().lower()
+    if key in PERCENTILES:
+        return PERCENTILES[key]
+    try:
+        v = float(key.lstrip("p"))
+    except ValueError:
+        raise SpecError("--percentile", text, f"expected one of {', '.join(PERCENTILES)} or a number in "
+                        "(0, 100)") from None
+    if not 0 < v < 100:
+        raise SpecError("--percentile", text, "must be between 0 and 100 (exclusive), e.g. 90")
+    return v / 100
+
+
+def _ms(flag: str, value: float) -> float:
+    from meshplan.errors import SpecError
+
+    if value < 0 or value != value:
+        raise SpecError(flag, value, "must be a time in milliseconds >= 0 (0 = no target)")
+    return value / 1e3
+
+
+def build_request(*, model_ref: str, gpus: str, cluster_file: str, engine: str, work: dict, slo: dict,
+                  layout: dict):
+    """The ServeRequest the flags describe (every value checked, one-line errors)."""
+    from meshplan import catalog
+    from meshplan.calibrate.serve_constants import load_constants
+    from meshplan.cli.common import resolve_cluster, resolve_model
+    from meshplan.errors import SpecError
+    from meshplan.search.serve import ServeRequest, Slo
+    from meshplan.spec.serving import KV_DTYPES, WEIGHT_DTYPES, Workload
+
+    model = resolve_model(model_ref)
+    cluster = resolve_cluster(gpus or None, cluster_file or None)
+    prof = catalog.engine(engine)
+    for flag, key, opts in (("--precision", "precision", WEIGHT_DTYPES), ("--kv-dtype", "kv_dtype", KV_DTYPES)):
+        if layout[key] not in opts:
+            raise SpecError(flag, layout[key], f"must be one of {', '.join(opts)}")
+    n = cluster.n_gpus
+    for flag, key in (("--tp", "tp"), ("--pp", "pp"), ("--replicas", "replicas")):
+        if layout[key] and layout[key] > n:
+            raise SpecError(flag, layout[key], f"exceeds the {n} GPUs of {cluster.describe()}")
+    if layout["ep"] and model.decoder.moe is None:
+        raise SpecError("--ep", layout["ep"], f"{model.name} has no experts (dense model): leave --ep unset")
+    if layout["tp"] and layout["pp"] and layout["tp"] * layout["pp"] > n:
+        raise SpecError("--tp x --pp", layout["tp"] * layout["pp"], f"exceeds the {n} GPUs of {cluster.describe()}")
+    s = Slo(ttft=_ms("--ttft-ms", slo["ttft_ms"]), tpot=_ms("--tpot-ms", slo["tpot_ms"]),
+            percentile=_percentile(slo["percentile"]))
+    w = Workload(**work)
+    longest = getattr(model, "max_seq_len", 0)
+    if longest and w.input_len + w.output_len > longest:
+        raise SpecError("--input-len + --output-len", w.input_len + w.output_len,
+                        f"exceeds {model.name}'s {longest:,} positions")
+    return ServeRequest(model=model, cluster=cluster, engine=prof, work=w, slo=s, constants=load_constants(),
+                        **layout)
+
+
+def run_serve(req, *, top: int, as_json: bool) -> int:
+    """Search, explain, print; returns the exit status."""
+    from meshplan.cli.common import print_json, term_width
+    from meshplan.report.serve import render_text, result_json
+    from meshplan.search.serve import search
+    from meshplan.search.serve_explain import explain
+
+    result = search(req)
+    why = explain(result)
+    if as_json:
+        print_json(result_json(result, why, top))
+    else:
+        sys.stdout.write(render_text(result, why, top=top, width=term_width()))
+    return 0 if result.best is not None else NOTHING_MEETS_EXIT
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``serve`` command."""
+
+    @app.command("serve")
+    def serve(
+        model: str = typer.Option(..., "--model", help="Model: catalog name, model file or HF config.json."),
+        gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 8xh100-sxm (one GPU type)."),
+        cluster: str = typer.Option("", "--cluster", help="Cluster file (one pool of GPUs and its network)."),
+        engine: str = typer.Option("vllm", "--engine", help="Serving-engine profile (catalog/engines): vllm, "
+                                   "sglang, trtllm, or a versioned one such as vllm-0.6.0."),
+        input_len: int = typer.Option(..., "--input-len", help="Prompt tokens per request."),
+        output_len: int = typer.Option(..., "--output-len", help="Generated tokens per request."),
+        concurrency: int = typer.Option(0, "--concurrency", help="Closed loop: requests in flight."),
+        rate: float = typer.Option(0.0, "--rate", help="Open loop: Poisson arrivals per second. Neither: offline."),
+        ttft_ms: float = typer.Option(0.0, "--ttft-ms", help="Time-to-first-token target (ms; 0 = none)."),
+        tpot_ms: float = typer.Option(0.0, "--tpot-ms", help="Time-per-output-token target (ms; 0 = none)."),
+        percentile: str = typer.Option("p90", "--percentile", help="Percentile the SLOs bind: p50, p90, p99..."),
+        objective: str = typer.Option("throughput", "--objective", help="throughput (tokens/s per GPU), cost "
+                                      "(tokens per dollar) or latency (lowest end-to-end)."),
+        price: float = typer.Option(0.0, "--price", help="Dollars per GPU-hour (default: the catalog's)."),
+        precision: str = typer.Option("bf16", "--precision", help="Weights: bf16, fp16 or fp8."),
+        kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache: bf16, fp16 or fp8."),
+        tp: int = typer.Option(0, "--tp", min=0, help="Pin TP per replica (0 = searched)."),
+        pp: int = typer.Option(0, "--pp", min=0, help="Pin pipeline stages per replica (0 = searched)."),
+        ep: int = typer.Option(0, "--ep", min=0, help="Pin expert parallelism (MoE; 0 = searched)."),
+        replicas: int = typer.Option(0, "--replicas", min=0, help="Pin data-parallel replicas (0 = searched)."),
+        max_num_seqs: int = typer.Option(0, "--max-num-seqs", min=0, help="Pin the engine's running-sequence cap "
+                                         "(0 = the profile's, and lower caps searched)."),
+        disagg: str = typer.Option("auto", "--disagg", help="auto (aggregated and disaggregated), off, or only."),
+        top: int = typer.Option(5, "--top", min=1, help="Deployments in the table."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Find the serving deployment with the most throughput (or least cost, or latency) that meets the SLOs."""
+        from meshplan.errors import SpecError
+
+        if price < 0 or price != price:
+            raise SpecError("--price", price, "must be dollars per GPU-hour > 0")
+        req = build_request(
+            model_ref=model, gpus=gpus, cluster_file=cluster, engine=engine,
+            work=dict(input_len=input_len, output_len=output_len, concurrency=concurrency, rate=rate),
+            slo=dict(ttft_ms=ttft_ms, tpot_ms=tpot_ms, percentile=percentile),
+            layout=dict(precision=precision, kv_dtype=kv_dtype, tp=tp, pp=pp, ep=ep, replicas=replicas,
+                        max_num_seqs=max_num_seqs, disagg=disagg, objective=objective, price=price))
+        code = run_serve(req, top=top, as_json=as_json)
+        if code:
+            raise typer.Exit(code)

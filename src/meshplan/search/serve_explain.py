@@ -1,0 +1,147 @@
+"""Why the serving search chose what it chose: where the winner's token time goes, what caps its batch, why each
+runner-up loses, and, when nothing meets the SLOs, the reason and the nearest option that would (a looser SLO,
+an fp8 KV cache, more GPUs, or less load), each found by searching again, not guessed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from meshplan.cost.serve_step import decode_breakdown, step_context
+from meshplan.search.serve import ServeCandidate, ServeRequest, ServeResult, search
+
+SHARES = (("weights", ("gemm", "head")), ("KV reads", ("attention",)), ("TP all-reduce", ("allreduce",)),
+          ("elementwise", ("elementwise",)), ("host and launches", ("host", "launches")),
+          ("pipeline sends", ("pp_sends",)))
+"""How a decode step's parts are named for a user."""
+MORE_GPUS = (2, 4)
+"""Cluster sizes (multiples of the given one) tried for the nearest option."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Explanation:
+    """Readable sentences about a search result."""
+
+    token_time: tuple[tuple[str, float], ...]
+    """(part, share of a generated token's time) of the winner, largest first."""
+    limits: tuple[str, ...]
+    """What caps the winner's batch and makes up its first-token time."""
+    runners_up: tuple[tuple[str, str], ...]
+    """(layout, why it loses) for the next candidates."""
+    nearest: tuple[str, ...] = ()
+    """When nothing meets the SLOs: why, and what would."""
+
+
+def token_time(req: ServeRequest, c: ServeCandidate) -> list[tuple[str, float]]:
+    """Shares of one output token's time: the decode step's parts, plus the prefills that share its steps."""
+    ctx = step_context(req.model, req.pool, replace(c.plan, replicas=1), c.engine, req.constants)
+    parts = decode_breakdown(ctx, batch=c.pred.resident,
+                             context=req.work.input_len + req.work.output_len / 2.0)
+    named = {name: sum(parts[k] for k in keys) for name, keys in SHARES}
+    if not c.disaggregated:
+        named["prefills sharing the steps"] = max(c.pred.tpot - c.pred.decode_step, 0.0)
+    total = sum(named.values()) or 1.0
+    return sorted(((k, v / total) for k, v in named.items() if v > 0), key=lambda kv: -kv[1])
+
+
+def limits(req: ServeRequest, c: ServeCandidate) -> list[str]:
+    """What caps the batch and what the first token waits for."""
+    p = c.pred
+    cap = {"load": "the load (every client's request is running)",
+           "kv cache": f"the KV cache ({p.kv_capacity_tokens:,} tokens per replica)",
+           "max_num_seqs": f"max_num_seqs = {c.engine.max_num_seqs}",
+           "prefill pool": "the prefill pool's rate"}.get(p.limited_by, p.limited_by)
+    out = [f"{p.resident} requests decode together per replica, held there by {cap}; "
+           f"KV cache {100 * p.kv_occupancy:.0f} % used"]
+    ttft = [("waiting", p.queue_wait), ("prefill", p.prefill), ("KV transfer", p.kv_transfer)]
+    out.append("first token: " + ", ".join(f"{name} {1e3 * t:,.0f} ms" for name, t in ttft if t > 0))
+    return out
+
+
+def _loses(req: ServeRequest, best: ServeCandidate, c: ServeCandidate) -> str:
+    if c.misses:
+        return "misses " + "; ".join(c.misses)
+    if req.objective == "latency":
+        return f"{c.tails['e2e'] / best.tails['e2e'] - 1:+.0%} end-to-end latency"
+    ratio = c.pred.tokens_per_s_per_gpu / best.pred.tokens_per_s_per_gpu - 1
+    return f"{ratio:+.0%} tokens/s per GPU"
+
+
+def runners_up(result: ServeResult, n: int = 4) -> list[tuple[str, str]]:
+    """Why each of the next distinct layouts loses to the winner."""
+    best = result.best or result.candidates[0]
+    seen, out = {best.label()}, []
+    for c in result.candidates:
+        if c.label() in seen:
+            continue
+        seen.add(c.label())
+        out.append((c.label(), _loses(result.request, best, c)))
+        if len(out) == n:
+            break
+    return out
+
+
+def _rel_miss(req: ServeRequest, c: ServeCandidate) -> float:
+    """How far a candidate is from meeting every SLO (largest measured / target ratio)."""
+    r = [c.tails["ttft"] / req.slo.ttft if req.slo.ttft else 0.0, c.tails["tpot"] / req.slo.tpot if req.slo.tpot
+         else 0.0]
+    if req.work.rate:
+        r.append(req.work.rate / max(c.pred.requests_per_s, 1e-12))
+    return max(r)
+
+
+def nearest(result: ServeResult) -> list[str]:
+    """When no deployment meets the SLOs: the closest one and the least change that would make one meet them."""
+    req = result.request
+    if not result.candidates:
+        return ["no layout holds the weights and one request: use more GPUs, fp8 weights or a smaller model"]
+    close = min(result.candidates, key=lambda c: (_rel_miss(req, c), _score_key(c)))
+    pct = f"p{round(100 * req.slo.percentile)}"
+    out = [f"closest: {close.label()} ({'; '.join(close.misses)})",
+           f"looser SLO: --ttft-ms {1e3 * close.tails['ttft']:,.0f} --tpot-ms {1e3 * close.tails['tpot']:,.1f} "
+           f"(at {pct}) is met by {close.label()}"]
+    if req.kv_dtype != "fp8":
+        won = search(replace(req, kv_dtype="fp8")).best
+        if won is not None:
+            out.append(f"--kv-dtype fp8 meets the SLOs with {won.label()}")
+    for k in MORE_GPUS:
+        bigger = replace(req.pool, n_gpus=k * req.pool.n_gpus)
+        won = search(replace(req, cluster=replace(req.cluster, pools=(bigger,), name=""))).best
+        if won is not None:
+            out.append(f"{bigger.n_gpus}x{bigger.gpu.name} meets the SLOs with {won.label()}")
+            break
+    load = _lower_load(req)
+    if load:
+        out.append(load)
+    return out
+
+
+def _score_key(c: ServeCandidate) -> float:
+    return -c.pred.tokens_per_s_per_gpu
+
+
+def _lower_load(req: ServeRequest) -> str:
+    """The largest halving of the load under which some deployment meets the SLOs."""
+    w = req.work
+    for k in (2, 4, 8, 16, 32):
+        if w.concurrency and w.concurrency // k >= 1:
+            lighter = replace(w, concurrency=w.concurrency // k)
+            flag = f"--concurrency {lighter.concurrency}"
+        elif w.rate:
+            lighter = replace(w, rate=w.rate / k)
+            flag = f"--rate {lighter.rate:g}"
+        else:
+            return ""
+        won = search(replace(req, work=lighter)).best
+        if won is not None:
+            return f"{flag} meets the SLOs with {won.label()}"
+    return ""
+
+
+def explain(result: ServeResult) -> Explanation:
+    """The explanation of a search result."""
+    req = result.request
+    best = result.best
+    if best is None:
+        return Explanation(token_time=(), limits=(), runners_up=(), nearest=tuple(nearest(result)))
+    return Explanation(token_time=tuple(token_time(req, best)), limits=tuple(limits(req, best)),
+                       runners_up=tuple(runners_up(result)))
