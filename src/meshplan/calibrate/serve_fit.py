@@ -59,7 +59,11 @@ def keys(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
 
 def fit_serving(path: str | Path, rounds: int = 2) -> dict:
     """Constants fitted to the CSV at ``path``."""
-    rows = _rows(path)
+    return fit_rows(_rows(path), rounds)
+
+
+def fit_rows(rows: list[dict], rounds: int = 2) -> dict:
+    """Constants fitted to serving rows (a CSV's, or a subset of them: leave-one-source-out)."""
     consts: dict = {t: {} for t in GRIDS}
     for _ in range(rounds):
         for table, subsets in keys(rows).items():
