@@ -211,6 +211,10 @@ def register(app: typer.Typer) -> None:
         micro_batches: str = typer.Option("", "--micro-batches", help="Comma-separated micro-batch sizes to try "
                                           "(default: the largest each layout allows, and half)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON: plans, mape_pct, kendall_tau, regret_pct."),
+        serve: bool = typer.Option(False, "--serve", help="Check the serving model instead: a sweep of closed-loop "
+                                   "cases (TP, clients, lengths) served by the runtime's decoder with a KV cache "
+                                   "and continuous batching; TTFT and TPOT against the prediction, and every token "
+                                   "against a greedy reference."),
     ) -> None:
         """Predict and run every feasible plan of the local world; report error, rank agreement and regret."""
         from meshplan.cli.run import positive, stops_cleanly
@@ -221,6 +225,9 @@ def register(app: typer.Typer) -> None:
             if value < least:
                 raise SpecError(flag, value, f"must be >= {least}")
         positive("--timeout", timeout, what="seconds the timing runs may take")
+        if serve:
+            _serve(model=model, nproc=nproc, hardware=hardware, timeout=timeout, device=device, as_json=as_json)
+            return
         if stat not in STATS:
             raise SpecError("--stat", stat, f"one of {', '.join(STATS)}")
         space = check_space(world=nproc, global_batch=global_batch, seq_len=seq_len, device=device,
@@ -255,3 +262,36 @@ def register(app: typer.Typer) -> None:
             print_json(result)
         else:
             print_table(result)
+
+
+def _serve(*, model: str, nproc: int, hardware: str | None, timeout: float, device: str, as_json: bool) -> None:
+    """``check --serve``: calibrate (unless --hardware), then predict, serve and score the default sweep."""
+    from meshplan import catalog
+    from meshplan.calibrate.serve_agreement import check_decodable
+    from meshplan.cli.check_serve import print_serve_table, run_serve_check
+    from meshplan.cli.run import stops_cleanly
+    from meshplan.runtime.host import require_torch
+    from meshplan.runtime.launch import progress
+
+    if device != "cpu":
+        raise SpecError("--device", device, "check --serve runs on CPU processes (gloo) for now")
+    check_decodable(catalog.model(model))
+    if hardware is not None:
+        catalog.cluster(f"{nproc}x{hardware}")
+    require_torch("meshplan check --serve")
+    with stops_cleanly(), tempfile.TemporaryDirectory(prefix="meshplan-hw-") as tmp:
+        hw = hardware
+        if hw is None:
+            from meshplan.cli.calibrate import calibrate_to
+
+            progress(f"check --serve: calibrating this host ({nproc} processes of micro-benchmarks)")
+            hw = str(Path(tmp) / "local.toml")
+            calibrate_to(hw, nproc=nproc, base="cpu", min_time_s=0.05)
+        progress(f"check --serve: serving the sweep of {model} on {nproc} processes")
+        result = run_serve_check(model=model, nproc=nproc, hardware=hw, timeout_s=timeout)
+    if as_json:
+        from meshplan.cli.common import print_json
+
+        print_json(result)
+    else:
+        print_serve_table(result)

@@ -33,6 +33,15 @@ SERVING_KERNELS = FrameworkProfile(name="serving-kernels", fused_kernels=True, f
 GiB = 2.0**30
 
 
+def kernels(engine: EngineProfile) -> FrameworkProfile:
+    """The kernels an engine runs: its ``kernel_stack`` profile (the runtime's eager ops), else fused ones."""
+    if not engine.kernel_stack:
+        return SERVING_KERNELS
+    from meshplan import catalog
+
+    return catalog.framework(engine.kernel_stack)
+
+
 @dataclass(frozen=True, kw_only=True)
 class StepContext:
     """What every step of one replica needs: the model, the GPU pool, the plan, the engine, the constants."""
@@ -118,13 +127,19 @@ def weight_bytes_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
     return worst
 
 
+def activation_element_bytes(plan: ServePlan) -> float:
+    """Bytes of one activation element: 16-bit on GPUs (fp8 GEMMs still pass 16-bit activations between
+    layers), fp32 when the replica computes in fp32 (a CPU)."""
+    return 4.0 if plan.precision == "fp32" else 2.0
+
+
 def activation_bytes(model: ModelSpec, plan: ServePlan, engine: EngineProfile) -> float:
     """Peak activation memory of the engine's largest step (its profile run of ``activation_tokens``): the
     gated MLP's intermediate and the residual stream in 16 bits, plus fp32 logits of its most sequences
     (vLLM profile_run and sampler dummy run)."""
     layer = model.decoder
     width = (2 if layer.gated else 1) * max(layer.ffn_hidden, layer.moe.expert_ffn_hidden if layer.moe else 0)
-    per_token = 2.0 * (width / plan.tp + 4 * layer.hidden)
+    per_token = activation_element_bytes(plan) * (width / plan.tp + 4 * layer.hidden)
     return engine.activation_tokens * per_token + 4.0 * engine.max_num_seqs * model.vocab / plan.tp
 
 
@@ -144,7 +159,7 @@ def kv_capacity_bytes(model: ModelSpec, pool: Pool, plan: ServePlan, engine: Eng
 
 def _probe(ctx: StepContext, seq: int) -> Plan:
     """The training plan whose per-rank GEMM shapes are the replica's: experts over ep, sliced over tp / ep."""
-    prec = "fp8" if ctx.plan.precision == "fp8" else "bf16"
+    prec = ctx.plan.precision if ctx.plan.precision in ("fp8", "fp32") else "bf16"
     ep = ctx.plan.ep if ctx.model.decoder.moe is not None else 1
     return Plan(global_batch=1, seq_len=max(seq, 1), tp=ctx.plan.tp, ep=ep, etp=ctx.plan.tp // ep, precision=prec)
 
@@ -185,7 +200,7 @@ def _step_gemms(ctx: StepContext, layer: LayerSpec, gemms: list[Gemm], tokens: i
     return out
 
 
-PARTS = ("gemm", "attention", "elementwise", "allreduce")
+PARTS = ("gemm", "attention", "elementwise", "allreduce", "dispatch")
 """What one layer's time splits into (``layer_parts``)."""
 
 
@@ -195,7 +210,7 @@ def layer_parts(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv
     passes, and its two all-reduces (attention and MLP or MoE output: with experts inside the TP group, vLLM's
     and SGLang's default EP combine is that same all-reduce)."""
     plan = _probe(ctx, seq)
-    ops = layer_ops(layer, tokens=tokens, plan=plan, stack=SERVING_KERNELS, seq=seq)
+    ops = layer_ops(layer, tokens=tokens, plan=plan, stack=kernels(ctx.engine), seq=seq)
     dtype = plan.precision
     gpu, calib = ctx.pool.gpu, ctx.calib
     parts = dict.fromkeys(PARTS, 0.0)
@@ -208,7 +223,10 @@ def layer_parts(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv
     else:
         parts["attention"] = attention_time(ops.attn_flops, gpu=gpu, calib=calib, dtype=dtype)
     if layer.attention is not None and ctx.plan.tp > 1:
-        parts["allreduce"] = 2 * allreduce_time(ctx, tokens * layer.hidden * 2.0)
+        one = allreduce_time(ctx, tokens * layer.hidden * activation_element_bytes(ctx.plan))
+        parts["allreduce"] = 2 * (one + calib.sync_s)  # sync_s: host wake-up per blocking call (0 on GPUs)
+    # Host dispatch that precedes every eager op on a CPU, more under DTensor TP (both 0 on GPUs, as in training)
+    parts["dispatch"] = ops.n_ops * (calib.op_overhead_s + (calib.dtensor_overhead_s if ctx.plan.tp > 1 else 0.0))
     return parts
 
 
@@ -220,7 +238,7 @@ def _head_time(ctx: StepContext, rows: int) -> float:
     """The output head for ``rows`` tokens (the last token of each prefill, every decoding sequence)."""
     m = ctx.model
     g = Gemm(name="lm_head", m=rows, n=max(m.vocab // ctx.plan.tp, 1), k=m.hidden)
-    return gemm_time(g, gpu=ctx.pool.gpu, calib=ctx.calib, dtype="bf16")
+    return gemm_time(g, gpu=ctx.pool.gpu, calib=ctx.calib, dtype="fp32" if ctx.plan.precision == "fp32" else "bf16")
 
 
 def stage_time(ctx: StepContext, blocks: list[BlockSpec], *, tokens: int, seq: int, kv_tokens: float,
@@ -240,7 +258,8 @@ def _p2p(ctx: StepContext, tokens: int) -> float:
     if ctx.plan.pp <= 1:
         return 0.0
     link = plan_links(_probe(ctx, 1), ctx.pool).pp
-    return collective_time("send_recv", tokens * ctx.model.hidden * 2.0, size=2, link=link, calib=ctx.calib)
+    nbytes = tokens * ctx.model.hidden * activation_element_bytes(ctx.plan)
+    return collective_time("send_recv", nbytes, size=2, link=link, calib=ctx.calib)
 
 
 def prefill_time(ctx: StepContext, *, tokens: int) -> float:
@@ -270,7 +289,7 @@ def _eager_launches(ctx: StepContext) -> float:
     """Kernel launches a stage issues when its batch is above the largest CUDA graph (each op one launch gap)."""
     plan = _probe(ctx, 1)
     blocks = stage_blocks(ctx.model, ctx.plan.pp)[0]
-    n_ops = sum(layer_ops(b.layer, tokens=1, plan=plan, stack=SERVING_KERNELS).n_ops for b in blocks)
+    n_ops = sum(layer_ops(b.layer, tokens=1, plan=plan, stack=kernels(ctx.engine)).n_ops for b in blocks)
     return n_ops * ctx.calib.launch_s
 
 

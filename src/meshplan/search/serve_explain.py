@@ -10,7 +10,7 @@ from meshplan.cost.serve_step import decode_breakdown, step_context
 from meshplan.search.serve import ServeCandidate, ServeRequest, ServeResult, search
 
 SHARES = (("weights", ("gemm", "head")), ("KV reads", ("attention",)), ("TP all-reduce", ("allreduce",)),
-          ("elementwise", ("elementwise",)), ("host and launches", ("host", "launches")),
+          ("elementwise", ("elementwise",)), ("host and launches", ("host", "launches", "dispatch")),
           ("pipeline sends", ("pp_sends",)))
 """How a decode step's parts are named for a user."""
 MORE_GPUS = (2, 4)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 
 from meshplan.errors import SpecError
 
-ENGINES = ("vllm", "sglang", "trtllm")
+ENGINES = ("vllm", "sglang", "trtllm", "meshplan")
 KV_FRACTION_OF = ("total", "free", "static")
 ADMISSIONS = ("lazy", "reserve")
 
@@ -21,7 +21,8 @@ class EngineProfile:
     name: str
     """Catalog name, e.g. ``vllm-0.6.0``."""
     engine: str
-    """Engine family: ``vllm``, ``sglang`` or ``trtllm`` (NIM and MLPerf harnesses run TensorRT-LLM)."""
+    """Engine family: ``vllm``, ``sglang``, ``trtllm`` (NIM and MLPerf harnesses run TensorRT-LLM) or ``meshplan``
+    (the runtime's own decode loop, ``runtime.decode``)."""
     version: str
     """The release the facts are read from."""
     summary: str = ""
@@ -60,6 +61,9 @@ class EngineProfile:
     fp8_kv: bool = False
     """An fp8-quantized checkpoint also stores its KV cache in fp8 (TensorRT-LLM's FP8 recipe); else the KV stays
     16-bit unless asked."""
+    kernel_stack: str = ""
+    """The training-stack profile (``catalog/frameworks``) whose kernels the engine runs, for its op count and
+    fusion; empty: the fused serving kernels every GPU engine has (FlashAttention/FlashInfer, fused norms)."""
     multi_step: int = 1
     """Decode steps scheduled per host round (vLLM ``--num-scheduler-steps``); streamed chunks carry that many
     tokens, so ITL is that many steps."""
@@ -97,7 +101,7 @@ class EngineProfile:
 
 
 SETTINGS = tuple(f.name for f in fields(EngineProfile) if f.name not in ("name", "engine", "version", "summary",
-                                                                          "matches", "sources"))
+                                                                          "matches", "sources", "kernel_stack"))
 """Fields a command may change for one prediction (``--max-num-seqs``...)."""
 
 

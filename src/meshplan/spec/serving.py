@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from meshplan.errors import SpecError
 from meshplan.spec.hardware import DTYPE_BYTES
 
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8")
-KV_DTYPES = ("bf16", "fp16", "fp8")
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp32")
+KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")
+"""fp32 is what a CPU computes in (``check --serve``); GPUs serve in 16 or 8 bits."""
 
 
 def _int(name: str, value, lo: int) -> None:

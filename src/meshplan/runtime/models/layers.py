@@ -28,13 +28,15 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> 
     Args:
         x: queries or keys, last dim even.
         positions: absolute token positions [seq] (int), so a context-parallel shard rotates by its true
-            positions.
+            positions; or [batch, seq] when each sequence is at its own position (batched decoding).
         theta: RoPE base.
     """
     dim = x.shape[-1]
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
-    angles = positions.to(torch.float32)[:, None] * inv[None, :]
-    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+    angles = positions.to(torch.float32)[..., None] * inv  # [seq, dim/2], or [batch, seq, dim/2] when decoding
+    if angles.dim() == 2:
+        angles = angles[None]
+    cos, sin = angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
     x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return out.to(x.dtype)

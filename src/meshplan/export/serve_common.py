@@ -1,0 +1,261 @@
+"""Pieces every serving export shares: the job being exported, where its GPUs and ports are, the context length and
+prompt count it is launched and measured with, and how commands are written into a shell script.
+
+The engine-specific exporters (``serve_vllm``, ``serve_sglang``, ``serve_trtllm``) turn a ``ServeJob`` into engine
+commands; this module knows nothing of any engine's flags.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, fields
+
+from meshplan import catalog
+from meshplan.export.base import ExportError
+from meshplan.spec.engine import EngineProfile
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.serving import ServePlan, Workload
+
+GPUS_PER_NODE = 8
+"""GPUs one launch command can see: the 8-GPU HGX/DGX boards the catalog's serving GPUs come on (NVIDIA HGX H100/H200
+/B200 are 8-GPU baseboards)."""
+
+CONTEXT_ROUND = 1024
+"""The context length a server is started with is the request's prompt plus output rounded up to this many tokens
+(a round number of whole KV blocks for every block size the engines accept: 1 to 128)."""
+
+HOST = "127.0.0.1"
+"""Address the benchmark and routers reach the servers on (one node; multi-node launches say where to change it)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pool:
+    """The replicas of one role: all of a colocated deployment, or the prefill or the decode side of a
+    disaggregated one."""
+
+    role: str
+    """``serve`` (prefill and decode together), ``prefill`` or ``decode``."""
+    plan: ServePlan
+    """Layout of each replica of the pool."""
+    replicas: int
+    """Engine instances in the pool."""
+
+    @property
+    def n_gpus(self) -> int:
+        """GPUs of the pool."""
+        return self.plan.gpus_per_replica * self.replicas
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeJob:
+    """Everything one export needs, passed as one value."""
+
+    model: ModelSpec
+    """The model (its name, MoE-ness and trained context)."""
+    model_ref: str
+    """What the engine loads: a Hugging Face id or a checkpoint path, written verbatim into the commands."""
+    plan: ServePlan
+    """The deployment as planned (for a disaggregated one, the plan the caller predicted with)."""
+    engine: EngineProfile
+    """The engine profile the plan was predicted for."""
+    work: Workload
+    """The load the plan was made for; the benchmark reproduces it."""
+    pools: tuple[Pool, ...]
+    """One ``serve`` pool, or a ``prefill`` and a ``decode`` pool."""
+
+    @property
+    def disaggregated(self) -> bool:
+        """Prefill and decode run in separate pools."""
+        return any(p.role != "serve" for p in self.pools)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """One process to start."""
+
+    role: str
+    """What it is, for the comment above it (``replica 1``, ``prefill 0``, ``router``)."""
+    argv: tuple[str, ...]
+    """The command line, program first."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment set on the command (``CUDA_VISIBLE_DEVICES``...)."""
+    node: int = 0
+    """Node the command runs on (0 = the first)."""
+
+
+def make_job(*, model: ModelSpec, model_ref: str, plan: ServePlan, engine: EngineProfile, work: Workload,
+             disagg: dict | None) -> ServeJob:
+    """The job, with its pools laid out: ``disagg`` is ``{"prefill": ServePlan, "decode": ServePlan,
+    "prefill_replicas": int, "decode_replicas": int}`` or None."""
+    if not model_ref.strip():
+        raise ExportError("the model reference (a Hugging Face id or a checkpoint path) is empty")
+    if disagg is None:
+        pools = (Pool(role="serve", plan=plan, replicas=plan.replicas),)
+    else:
+        missing = sorted({"prefill", "decode", "prefill_replicas", "decode_replicas"} - set(disagg))
+        if missing:
+            raise ExportError(f"disaggregated export needs {', '.join(missing)}")
+        prefill = Pool(role="prefill", plan=disagg["prefill"], replicas=int(disagg["prefill_replicas"]))
+        decode = Pool(role="decode", plan=disagg["decode"], replicas=int(disagg["decode_replicas"]))
+        if prefill.replicas < 1 or decode.replicas < 1:
+            raise ExportError("a disaggregated deployment needs at least one prefill and one decode replica")
+        pools = (prefill, decode)
+    return ServeJob(model=model, model_ref=model_ref, plan=plan, engine=engine, work=work, pools=pools)
+
+
+def placements(job: ServeJob) -> dict[str, list[tuple[int, list[int]]]]:
+    """Where each replica runs, pool by pool: (node, node-local GPU indices). Replicas are packed node by node in
+    pool order; one that would straddle two nodes starts on the next, and one larger than a node takes whole nodes
+    (its list then names one node's GPUs, the same on each)."""
+    node, local, out = 0, 0, {}
+    for pool in job.pools:
+        g, spots = pool.plan.gpus_per_replica, []
+        for _ in range(pool.replicas):
+            if local and (g >= GPUS_PER_NODE or local + g > GPUS_PER_NODE):
+                node, local = node + 1, 0
+            if g >= GPUS_PER_NODE:
+                spots.append((node, list(range(GPUS_PER_NODE))))
+                node += math.ceil(g / GPUS_PER_NODE)
+                continue
+            spots.append((node, list(range(local, local + g))))
+            local += g
+        out[pool.role] = spots
+    return out
+
+
+def replica_nodes(pool: Pool) -> int:
+    """Nodes one replica of ``pool`` spans (1 unless it has more GPUs than a node)."""
+    return max(1, math.ceil(pool.plan.gpus_per_replica / GPUS_PER_NODE))
+
+
+def visible_devices(gpus: list[int]) -> tuple[str, str]:
+    """The ``CUDA_VISIBLE_DEVICES`` setting for node-local GPUs."""
+    return ("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in gpus))
+
+
+def fits_one_node(job: ServeJob) -> bool:
+    """Every GPU of the deployment is on one node (an engine's own data-parallel flag then starts all replicas)."""
+    return sum(p.n_gpus for p in job.pools) <= GPUS_PER_NODE
+
+
+def context_len(job: ServeJob) -> int:
+    """Longest sequence the server admits: prompt plus output (tokens) rounded up to ``CONTEXT_ROUND``, never past
+    the model's trained context; a request longer than that context cannot be served at all."""
+    need = job.work.input_len + job.work.output_len
+    trained = job.model.max_seq_len
+    if trained and need > trained:
+        raise ExportError(f"{job.work.input_len}+{job.work.output_len} tokens per request exceed {job.model.name}'s "
+                          f"trained context of {trained}: no engine starts with a longer max length")
+    rounded = -(-need // CONTEXT_ROUND) * CONTEXT_ROUND
+    return min(rounded, trained) if trained else rounded
+
+
+def num_prompts(work: Workload) -> int:
+    """Requests one benchmark run sends: 10 per client of a closed loop (each client's first request meets an empty
+    server, so ten rounds make the steady state dominate), one minute of arrivals of an open loop (at least 100),
+    and the benchmark clients' own default of 1000 offline (vllm bench serve and sglang.bench_serving
+    ``--num-prompts`` default 1000)."""
+    if work.concurrency:
+        return 10 * work.concurrency
+    if work.rate:
+        return max(100, math.ceil(60 * work.rate))
+    return 1000
+
+
+def changed_settings(engine: EngineProfile) -> set[str]:
+    """Settings of ``engine`` that differ from its catalog preset of the same name (all of them when it is not a
+    catalog profile): those are what an engine without the matching flag cannot be told."""
+    names = [f.name for f in fields(EngineProfile) if f.name not in ("name", "engine", "version", "summary",
+                                                                       "matches", "sources")]
+    if engine.name not in catalog.engine_names():
+        return set(names)
+    base = catalog.engine(engine.name)
+    return {n for n in names if getattr(engine, n) != getattr(base, n)}
+
+
+def version_key(version: str) -> tuple[int, ...] | None:
+    """``"0.11.0"`` -> ``(0, 11, 0)``; None when the version is not a plain dotted release number."""
+    parts = version.strip().lstrip("v").split(".")
+    if not parts or not all(p.isdigit() for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+def pick_release(engine: EngineProfile, releases: dict[str, object]) -> tuple[str, object, list[str]]:
+    """The newest release in ``releases`` (version -> facts) not newer than the profile's version, and a note when
+    it is not the same major.minor (its flag spellings stand in for the profile's)."""
+    want = version_key(engine.version)
+    if want is None:
+        raise ExportError(f"engine profile {engine.name} has version {engine.version!r}, not a release number: "
+                          f"no {engine.engine} launch to export")
+    known = sorted((version_key(v), v) for v in releases)
+    older = [(k, v) for k, v in known if k <= want]
+    if not older:
+        raise ExportError(f"{engine.engine} {engine.version} predates the oldest release meshplan exports to "
+                          f"({known[0][1]})")
+    key, name = older[-1]
+    notes = [] if key[:2] == want[:2] else [
+        f"{engine.engine} {engine.version}: written with the flags of {engine.engine} {name}, the closest older "
+        "release meshplan knows; check them against the installed version's --help"]
+    return name, releases[name], notes
+
+
+def command_lines(launch: Launch, *, background: bool = False) -> list[str]:
+    """A command as shell lines: environment and program on the first, one option (with its values) per line."""
+    words = [shlex.quote(w) for w in launch.argv]
+    groups: list[list[str]] = [[]]
+    for raw, word in zip(launch.argv, words):
+        is_option = raw.startswith("--") or (raw.startswith("-") and len(raw) > 1 and not _is_number(raw))
+        if is_option and groups[-1]:
+            groups.append([])
+        groups[-1].append(word)
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launch.env)
+    head = (env + " " if env else "") + " ".join(groups[0])
+    lines = [head] + ["    " + " ".join(g) for g in groups[1:]]
+    out = [ln + " \\" for ln in lines[:-1]] + [lines[-1] + (" &" if background else "")]
+    return out
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def script(*, header: list[str], launches: list[Launch], notes: list[str] = ()) -> str:
+    """A bash script: the comment header, then each launch (backgrounded and waited for when there are several;
+    a command for another node is written as a comment line to run there)."""
+    out = ["#!/usr/bin/env bash", *[("# " + h).rstrip() for h in header], "set -euo pipefail", ""]
+    for note in notes:
+        out.append(f"# {note}")
+    several = len(launches) > 1
+    for launch in launches:
+        where = f" (on node {launch.node})" if launch.node else ""
+        out.append(f"# {launch.role}{where}")
+        out += command_lines(launch, background=several and launch is not launches[-1])
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def header(*, job: ServeJob, target: str, what: str, approximations: list[str]) -> list[str]:
+    """The comment lines every exported file starts with: that meshplan generated it, for which release, from
+    which plan and load, and what the engine cannot express."""
+    w = job.work
+    loop = (f"closed loop of {w.concurrency} clients" if w.concurrency else
+            f"open loop of {w.rate:g} requests/s" if w.rate else "offline (every request queued at once)")
+    lines = [f"{what}, generated by meshplan", f"target: {target}",
+             f"model: {job.model.name} (loaded as {job.model_ref}); engine profile: {job.engine.name}"]
+    for pool in job.pools:
+        p = pool.plan
+        lines.append(f"{pool.role}: {pool.replicas} x (tp={p.tp} pp={p.pp} ep={p.ep}), {p.precision} weights, "
+                     f"{p.kv_dtype} KV, {pool.n_gpus} GPUs")
+    lines.append(f"workload: {w.input_len} prompt + {w.output_len} output tokens, {loop}")
+    if approximations:
+        lines.append(f"APPROXIMATE: the engine cannot express {len(approximations)} part(s) of the plan:")
+        lines += [f"  - {a}" for a in approximations]
+    else:
+        lines.append("exact: the engine expresses every part of the plan")
+    return lines
