@@ -289,7 +289,10 @@ def search(req: ServeRequest) -> ServeResult:
     cands, bad = ([], []) if req.disagg == "only" else aggregated(req)
     if req.disagg != "off":
         cands += disaggregated(req)
-    cands.sort(key=lambda c: (not c.meets, _score(req, c), c.gpus, c.tails["e2e"]))
+    # Equal scores (independent replicas under an offline load give the same tokens/s per GPU): more total
+    # throughput first, then fewer GPUs.
+    cands.sort(key=lambda c: (not c.meets, float(f"{_score(req, c):.4g}"), -c.pred.output_tokens_per_s, c.gpus,
+                              c.tails["e2e"]))
     return ServeResult(request=req, candidates=tuple(_distinct(cands)), infeasible=tuple(bad))
 
 
@@ -298,7 +301,7 @@ def _distinct(cands: list[ServeCandidate]) -> list[ServeCandidate]:
     predictions is kept, which is the engine as profiled (evaluated first, stable sort)."""
     seen, out = set(), []
     for c in cands:
-        key = (c.label(), tuple(round(v, 9) for v in c.tails.values()), round(c.pred.output_tokens_per_s, 6))
+        key = (c.prefill, c.plan, tuple(round(v, 9) for v in c.tails.values()), round(c.pred.output_tokens_per_s, 6))
         if key not in seen:
             seen.add(key)
             out.append(c)
