@@ -188,3 +188,43 @@ def test_regimes_pick_tp_for_latency_and_replicas_for_throughput():
     best = offline.best
     assert best.plan.tp * best.plan.pp == 4 and best.plan.replicas == 2 and best.gpus == 8
     assert best.pred.limited_by in ("kv cache", "max_num_seqs")
+
+
+def test_variable_lengths_average_the_prefill_and_bias_the_resident_output():
+    from meshplan.cli.serve import lengths
+    from meshplan.cost.serve_load import mean_prefill
+    from meshplan.cost.serve_step import prefill_time
+    from meshplan.spec.serving import workload_from_hist
+
+    assert lengths("--input-len", "128:3,512:1") == ((128, 3.0), (512, 1.0))
+    w = workload_from_hist(((100, 1), (300, 1)), ((50, 3), (250, 1)), concurrency=8)
+    assert (w.input_len, w.output_len) == (200, 100)
+    # a resident request is length-biased: E[O^2] / E[O] = (3 * 50^2 + 250^2) / (3 * 50 + 250)
+    assert w.resident_output == pytest.approx((3 * 2500 + 62500) / 400)
+    assert w.mean_context == pytest.approx(200 + w.resident_output / 2)
+    assert w.longest == 300 + 250
+    ctx = _ctx(ServePlan(tp=4))
+    want = 0.5 * prefill_time(ctx, tokens=100) + 0.5 * prefill_time(ctx, tokens=300)
+    assert mean_prefill(ctx, w) == pytest.approx(want)
+
+
+def test_prefills_batch_up_to_the_step_budget():
+    from meshplan.cost.serve_load import prompts_per_step
+    from meshplan.cost.serve_step import prefill_time
+
+    ctx = _ctx(ServePlan(tp=4))
+    work = Workload(input_len=128, output_len=128)
+    assert prompts_per_step(ctx, work, 1024) == 8  # 1024 resident / 128 steps per cycle; 8192 // 128 = 64 fit
+    assert prompts_per_step(ctx, Workload(input_len=4096, output_len=16), 1024) == 2  # the 8192 budget holds 2
+    assert prompts_per_step(ctx, work, 64) == 1
+    # batching shares the weight reads: 8 prompts in one step cost less than 8 steps of one
+    assert prefill_time(ctx, tokens=128, prompts=8) < 8 * prefill_time(ctx, tokens=128)
+
+
+@pytest.mark.parametrize("text", ["0", "abc", "128:0", "5:x", "-3"])
+def test_lengths_refuse_bad_values(text):
+    from meshplan.cli.serve import lengths
+    from meshplan.errors import SpecError
+
+    with pytest.raises(SpecError, match="--input-len"):
+        lengths("--input-len", text)

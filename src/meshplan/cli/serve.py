@@ -31,6 +31,42 @@ def _percentile(text: str) -> float:
     return v / 100
 
 
+def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
+    """``--input-len``/``--output-len``: a number of tokens, inline bins ``128:3,512:1`` (length:weight), or a
+    file of ``length,weight`` lines (a header line and ``#`` comments allowed) or a JSON list of [length, weight]."""
+    import json
+    from pathlib import Path
+
+    from meshplan.errors import SpecError
+
+    text = str(text).strip()
+    fmt = "a whole number of tokens, bins like 128:3,512:1, or a file of length,weight lines"
+    if text.isdigit():
+        if int(text) < 1:
+            raise SpecError(flag, text, "must be >= 1 token")
+        return ((int(text), 1.0),)
+    path = Path(text)
+    if ":" not in text and not path.is_file():
+        raise SpecError(flag, text, f"expected {fmt}")
+    if path.is_file():
+        raw = path.read_text()
+        try:
+            pairs = json.loads(raw) if raw.lstrip().startswith("[") else [
+                line.replace(",", ":").split(":") for line in raw.splitlines()
+                if line.strip() and not line.lstrip().startswith("#") and line.strip()[0].isdigit()]
+        except json.JSONDecodeError as exc:
+            raise SpecError(flag, text, f"is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    else:
+        pairs = [part.split(":") for part in text.split(",")]
+    try:
+        bins = tuple((int(n), float(w)) for n, w in pairs)
+    except (TypeError, ValueError):
+        raise SpecError(flag, text, f"expected {fmt}") from None
+    if not bins or any(n < 1 or not w > 0 for n, w in bins):
+        raise SpecError(flag, text, "every length must be >= 1 token and every weight > 0")
+    return bins
+
+
 def _ms(flag: str, value: float) -> float:
     from meshplan.errors import SpecError
 
@@ -47,7 +83,7 @@ def build_request(*, model_ref: str, gpus: str, cluster_file: str, engine: str, 
     from meshplan.cli.common import resolve_cluster, resolve_model
     from meshplan.errors import SpecError
     from meshplan.search.serve import ServeRequest, Slo
-    from meshplan.spec.serving import KV_DTYPES, WEIGHT_DTYPES, Workload
+    from meshplan.spec.serving import KV_DTYPES, WEIGHT_DTYPES, workload_from_hist
 
     model = resolve_model(model_ref)
     cluster = resolve_cluster(gpus or None, cluster_file or None)
@@ -65,11 +101,11 @@ def build_request(*, model_ref: str, gpus: str, cluster_file: str, engine: str, 
         raise SpecError("--tp x --pp", layout["tp"] * layout["pp"], f"exceeds the {n} GPUs of {cluster.describe()}")
     s = Slo(ttft=_ms("--ttft-ms", slo["ttft_ms"]), tpot=_ms("--tpot-ms", slo["tpot_ms"]),
             percentile=_percentile(slo["percentile"]))
-    w = Workload(**work)
+    w = workload_from_hist(lengths("--input-len", work.pop("input_len")), lengths("--output-len",
+                                                                                  work.pop("output_len")), **work)
     longest = getattr(model, "max_seq_len", 0)
-    if longest and w.input_len + w.output_len > longest:
-        raise SpecError("--input-len + --output-len", w.input_len + w.output_len,
-                        f"exceeds {model.name}'s {longest:,} positions")
+    if longest and w.longest > longest:
+        raise SpecError("--input-len + --output-len", w.longest, f"exceeds {model.name}'s {longest:,} positions")
     return ServeRequest(model=model, cluster=cluster, engine=prof, work=w, slo=s, constants=load_constants(),
                         **layout)
 
@@ -100,8 +136,9 @@ def register(app: typer.Typer) -> None:
         cluster: str = typer.Option("", "--cluster", help="Cluster file (one pool of GPUs and its network)."),
         engine: str = typer.Option("vllm", "--engine", help="Serving-engine profile (catalog/engines): vllm, "
                                    "sglang, trtllm, or a versioned one such as vllm-0.6.0."),
-        input_len: int = typer.Option(..., "--input-len", help="Prompt tokens per request."),
-        output_len: int = typer.Option(..., "--output-len", help="Generated tokens per request."),
+        input_len: str = typer.Option(..., "--input-len", help="Prompt tokens per request: a number, bins "
+                                      "LENGTH:WEIGHT,... or a file of length,weight lines."),
+        output_len: str = typer.Option(..., "--output-len", help="Generated tokens per request (same forms)."),
         concurrency: int = typer.Option(0, "--concurrency", help="Closed loop: requests in flight."),
         rate: float = typer.Option(0.0, "--rate", help="Open loop: Poisson arrivals per second. Neither: offline."),
         ttft_ms: float = typer.Option(0.0, "--ttft-ms", help="Time-to-first-token target (ms; 0 = none)."),

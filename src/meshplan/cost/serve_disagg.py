@@ -11,8 +11,8 @@ pool is an M/D/1 queue per replica, a closed loop's surplus clients wait by Litt
 from __future__ import annotations
 
 from meshplan.cost.comm import collective_time
-from meshplan.cost.serve_load import ServePrediction, kv_capacity_tokens, kv_need, resident_cap
-from meshplan.cost.serve_step import StepContext, decode_time, kv_bytes_per_token, prefill_time
+from meshplan.cost.serve_load import ServePrediction, kv_capacity_tokens, kv_need, mean_prefill, resident_cap
+from meshplan.cost.serve_step import StepContext, decode_time, kv_bytes_per_token
 from meshplan.spec.cluster import group_link
 from meshplan.spec.serving import Workload
 
@@ -31,7 +31,7 @@ def kv_transfer_time(pre: StepContext, dec: StepContext, *, tokens: int) -> floa
 def predict_disagg(pre: StepContext, dec: StepContext, work: Workload, *, n_prefill: int,
                    n_decode: int) -> ServePrediction:
     """Steady state of ``n_prefill`` prefill replicas feeding ``n_decode`` decode replicas."""
-    t_p = prefill_time(pre, tokens=work.input_len)
+    t_p = mean_prefill(pre, work)
     t_kv = kv_transfer_time(pre, dec, tokens=work.input_len)
     cap, limit = resident_cap(dec, work)
     if work.offline:
@@ -41,7 +41,7 @@ def predict_disagg(pre: StepContext, dec: StepContext, work: Workload, *, n_pref
         resident, limit = (per, "load") if per <= cap else (cap, limit)
     else:
         resident, limit = _open_resident(dec, work, cap, n_decode)
-    t_d = decode_time(dec, batch=resident, context=work.input_len + work.output_len / 2.0)
+    t_d = decode_time(dec, batch=resident, context=work.mean_context)
     x_prefill = n_prefill / t_p  # requests/s the prefill pool finishes
     x_decode = n_decode * resident / (work.output_len * t_d)
     service = t_p + t_kv + work.output_len * t_d
@@ -79,7 +79,7 @@ def _open_resident(dec: StepContext, work: Workload, cap: int, n_decode: int) ->
     lam = work.rate / n_decode
     r = 1
     for _ in range(30):
-        t_d = decode_time(dec, batch=r, context=work.input_len + work.output_len / 2.0)
+        t_d = decode_time(dec, batch=r, context=work.mean_context)
         nxt = max(min(int(round(lam * work.output_len * t_d)), cap), 1)
         if nxt == r:
             break

@@ -100,7 +100,7 @@ def kv_capacity_tokens(ctx: StepContext) -> int:
 def fit_check(ctx: StepContext, work: Workload) -> Infeasible | None:
     """Infeasible when the weights leave no KV room for even one request (the only "out of memory")."""
     cap = kv_capacity_tokens(ctx)
-    need = work.input_len + work.output_len
+    need = work.longest
     if cap >= need:
         return None
     where = f"{ctx.model.name} tp={ctx.plan.tp} pp={ctx.plan.pp} on {ctx.pool.gpu.name}"
@@ -117,9 +117,9 @@ def fit_check(ctx: StepContext, work: Workload) -> Infeasible | None:
 
 def kv_need(ctx: StepContext, work: Workload) -> float:
     """KV tokens a resident request holds on average for admission (whole output when reserved, half as it
-    grows when blocks are taken lazily), rounded up to blocks."""
-    out = work.output_len if ctx.engine.admission == "reserve" else work.output_len / 2.0
-    tokens = work.input_len + out
+    grows when blocks are taken lazily; outputs length-biased), rounded up to blocks."""
+    out = work.resident_output if ctx.engine.admission == "reserve" else work.resident_output / 2.0
+    tokens = work.mean_context - work.resident_output / 2.0 + out
     b = ctx.engine.block_size
     return -(-tokens // b) * b
 
@@ -132,12 +132,22 @@ def resident_cap(ctx: StepContext, work: Workload) -> tuple[int, str]:
     return ctx.engine.max_num_seqs, "max_num_seqs"
 
 
+def prompts_per_step(ctx: StepContext, work: Workload, resident: int) -> int:
+    """Prompts one prefill step carries in steady state: the arrivals per decode step, R / O (each cycle of O
+    steps replaces R requests), as many as the step's token budget holds (vLLM, SGLang and TRT-LLM schedule
+    every waiting prompt that fits ``max_batched_tokens``), at least one."""
+    fit = max(ctx.engine.max_batched_tokens // max(work.input_len, 1), 1)
+    return int(max(1, min(round(resident / work.output_len), fit)))
+
+
 def steady_state(ctx: StepContext, work: Workload, resident: int) -> tuple[float, float, float, float]:
-    """(decode step, prefill, cycle, token time) with ``resident`` requests on one replica."""
-    t_p = prefill_time(ctx, tokens=work.input_len)
-    t_d = decode_time(ctx, batch=resident, context=work.input_len + work.output_len / 2.0)
-    cycle = work.output_len * t_d + resident * t_p
-    tpot = t_d + (resident - 1) * t_p / work.output_len
+    """(decode step, prefill step, cycle, token time) with ``resident`` requests on one replica: each prompt
+    costs its share of a prefill step of ``prompts_per_step`` prompts."""
+    k = prompts_per_step(ctx, work, resident)
+    t_p = mean_prefill(ctx, work, prompts=k)
+    t_d = decode_time(ctx, batch=resident, context=work.mean_context)
+    cycle = work.output_len * t_d + resident * t_p / k
+    tpot = t_d + (resident - 1) * t_p / k / work.output_len
     return t_d, t_p, cycle, tpot
 
 
@@ -154,10 +164,11 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
     t_d, t_p, cycle, tpot = steady_state(ctx, work, resident)
     x_req = resident / cycle  # requests/s of one replica
     service = t_p + t_d / 2 + (work.output_len - 1) * tpot
+    k = prompts_per_step(ctx, work, resident)
     wait, fixed, prob = _wait(ctx, work, replicas, resident=resident, cap=cap, x_req=x_req, service=service,
-                              t_p=t_p)
+                              t_p=t_p, k=k)
     ttft = wait + t_p + t_d / 2 + ctx.request_s
-    stall, share = prefill_stall(ctx, work, resident=resident, t_p=t_p)
+    stall, share = prefill_stall(ctx, work, resident=resident, t_p=t_p, k=k)
     return ServePrediction(
         ttft=ttft, tpot=tpot, itl=ctx.engine.multi_step * tpot, e2e=ttft + (work.output_len - 1) * tpot,
         queue_wait=wait, output_tokens_per_s=replicas * x_req * work.output_len, requests_per_s=replicas * x_req,
@@ -167,26 +178,34 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
         gpus=replicas * ctx.plan.gpus_per_replica)
 
 
-def prefill_stall(ctx: StepContext, work: Workload, *, resident: int, t_p: float) -> tuple[float, float]:
+def mean_prefill(ctx: StepContext, work: Workload, prompts: int = 1) -> float:
+    """A prefill step of ``prompts`` prompts, averaged over the workload's prompt lengths (attention is quadratic
+    in the length, so the mean length's prefill would be short of the mean prefill)."""
+    return sum(p * prefill_time(ctx, tokens=n, prompts=prompts) for n, p in work.bins("input"))
+
+
+def prefill_stall(ctx: StepContext, work: Workload, *, resident: int, t_p: float,
+                  k: int = 1) -> tuple[float, float]:
     """(extra time, share of decode steps) of the steps that carry a prefill: a whole prompt, or with chunked
     prefill a chunk of max_batched_tokens shared by more steps (Sarathi-Serve, Agrawal et al. OSDI'24). Their
-    mean, share x time, is the (R - 1) t_p / O that ``steady_state`` adds to every token."""
+    mean, share x time, is the (R - 1) t_p / (k O) that ``steady_state`` adds to every token (k prompts per
+    prefill step)."""
     if resident <= 1:
         return 0.0, 0.0
     chunk = min(1.0, ctx.engine.max_batched_tokens / work.input_len) if ctx.engine.chunked_prefill else 1.0
     stall = t_p * chunk
-    return stall, min((resident - 1) * t_p / (work.output_len * stall), 1.0)
+    return stall, min((resident - 1) * t_p / k / (work.output_len * stall), 1.0)
 
 
 def _wait(ctx: StepContext, work: Workload, replicas: int, *, resident: int, cap: int, x_req: float,
-          service: float, t_p: float) -> tuple[float, float, float]:
+          service: float, t_p: float, k: int = 1) -> tuple[float, float, float]:
     """Seconds a request waits before its prefill starts: (mean, the part every request pays, probability of
     waiting beyond it)."""
     if work.offline:
         return 0.0, 0.0, 0.0
     # Prefills run one at a time: a request finds the replica's prefill busy a share rho_p = x_req t_p of the
     # time and waits as in an M/D/1 queue, rho_p / (2 (1 - rho_p)) t_p (Pollaczek-Khinchine).
-    rho_p = min(x_req * t_p, 0.95)
+    rho_p = min(x_req * t_p / k, 0.95)  # k prompts share each prefill step
     behind = rho_p / (2 * (1 - rho_p)) * t_p if resident > 1 else 0.0
     if work.concurrency:
         per = work.concurrency / replicas

@@ -262,13 +262,15 @@ def _p2p(ctx: StepContext, tokens: int) -> float:
     return collective_time("send_recv", nbytes, size=2, link=link, calib=ctx.calib)
 
 
-def prefill_time(ctx: StepContext, *, tokens: int) -> float:
-    """Seconds to prefill one prompt of ``tokens`` tokens through every stage (the time to its first token,
-    without queueing), plus one engine step of host time."""
+def prefill_time(ctx: StepContext, *, tokens: int, prompts: int = 1) -> float:
+    """Seconds of one prefill step of ``prompts`` prompts of ``tokens`` tokens each through every stage (their
+    GEMMs on all prompts' tokens at once, each prompt's own causal attention), plus one engine step of host
+    time: the time to their first tokens, without queueing."""
     stages = stage_blocks(ctx.model, ctx.plan.pp)
-    t = sum(stage_time(ctx, blocks, tokens=tokens, seq=tokens, kv_tokens=0.0, head_rows=1 if i == len(stages) - 1
-                       else 0) for i, blocks in enumerate(stages))
-    return t + (len(stages) - 1) * _p2p(ctx, tokens) + ctx.step_host_s
+    rows = tokens * prompts
+    t = sum(stage_time(ctx, blocks, tokens=rows, seq=tokens, kv_tokens=0.0,
+                       head_rows=prompts if i == len(stages) - 1 else 0) for i, blocks in enumerate(stages))
+    return t + (len(stages) - 1) * _p2p(ctx, rows) + ctx.step_host_s
 
 
 def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:

@@ -22,8 +22,10 @@ def headline(result: ServeResult) -> str:
     slo = [f"TTFT {_ms(req.slo.ttft)} ms" if req.slo.ttft else "", f"TPOT {_ms(req.slo.tpot)} ms" if req.slo.tpot
            else ""]
     slo_text = " and ".join(s for s in slo if s) or "none"
+    var = " (mean of a histogram)" if w.input_hist or w.output_hist else ""
     return (f"{req.model.name} on {req.cluster.describe()} with {req.engine.name} ({req.engine.version}): "
-            f"{w.input_len:,} in / {w.output_len:,} out tokens, {load}, {req.precision} weights, {req.kv_dtype} KV; "
+            f"{w.input_len:,} in / {w.output_len:,} out tokens{var}, {load}, {req.precision} weights, "
+            f"{req.kv_dtype} KV; "
             f"SLOs {slo_text} at p{round(100 * req.slo.percentile)}; objective {req.objective}")
 
 

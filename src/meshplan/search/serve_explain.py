@@ -35,7 +35,7 @@ def token_time(req: ServeRequest, c: ServeCandidate) -> list[tuple[str, float]]:
     """Shares of one output token's time: the decode step's parts, plus the prefills that share its steps."""
     ctx = step_context(req.model, req.pool, replace(c.plan, replicas=1), c.engine, req.constants)
     parts = decode_breakdown(ctx, batch=c.pred.resident,
-                             context=req.work.input_len + req.work.output_len / 2.0)
+                             context=req.work.mean_context)
     named = {name: sum(parts[k] for k in keys) for name, keys in SHARES}
     if not c.disaggregated:
         named["prefills sharing the steps"] = max(c.pred.tpot - c.pred.decode_step, 0.0)

@@ -79,10 +79,19 @@ class Workload:
     """Closed loop: requests in flight (each client sends its next request when the last one ends); 0 = not."""
     rate: float = 0.0
     """Open loop: Poisson arrivals per second; 0 = not."""
+    input_hist: tuple[tuple[int, float], ...] = ()
+    """Variable prompts: (length, weight) bins (``input_len`` is then their rounded mean); empty = fixed."""
+    output_hist: tuple[tuple[int, float], ...] = ()
+    """Variable outputs: (length, weight) bins (``output_len`` is then their rounded mean); empty = fixed."""
 
     def __post_init__(self) -> None:
         _int("workload.input_len", self.input_len, 1)
         _int("workload.output_len", self.output_len, 1)
+        for name in ("input_hist", "output_hist"):
+            for length, weight in getattr(self, name):
+                _int(f"workload.{name} length", length, 1)
+                if not isinstance(weight, (int, float)) or not weight > 0:
+                    raise SpecError(f"workload.{name} weight", weight, "must be a number > 0")
         _int("workload.concurrency", self.concurrency, 0)
         if not isinstance(self.rate, (int, float)) or self.rate < 0 or self.rate != self.rate:
             raise SpecError("workload.rate", self.rate, "must be a number of requests per second >= 0")
@@ -94,3 +103,38 @@ class Workload:
     def offline(self) -> bool:
         """No loop given: every request is queued at once (offline throughput, e.g. trtllm-bench)."""
         return not self.concurrency and not self.rate
+
+    def bins(self, which: str) -> tuple[tuple[int, float], ...]:
+        """(length, probability) bins of ``input`` or ``output`` lengths (one bin when fixed)."""
+        hist = self.input_hist if which == "input" else self.output_hist
+        if not hist:
+            return ((self.input_len if which == "input" else self.output_len, 1.0),)
+        total = sum(w for _, w in hist)
+        return tuple((n, w / total) for n, w in hist)
+
+    @property
+    def resident_output(self) -> float:
+        """Mean output length of a request found resident: length-biased, E[O^2] / E[O], since a request stays
+        resident for its whole output (the inspection paradox; = O when fixed)."""
+        b = self.bins("output")
+        return sum(p * n * n for n, p in b) / sum(p * n for n, p in b)
+
+    @property
+    def mean_context(self) -> float:
+        """Mean cached tokens of a resident request: its prompt plus half its (length-biased) output."""
+        return sum(p * n for n, p in self.bins("input")) + self.resident_output / 2.0
+
+    @property
+    def longest(self) -> int:
+        """Tokens of the longest request (prompt plus output) the workload sends."""
+        return max(n for n, _ in self.bins("input")) + max(n for n, _ in self.bins("output"))
+
+
+def workload_from_hist(inputs: tuple[tuple[int, float], ...], outputs: tuple[tuple[int, float], ...],
+                       **load) -> Workload:
+    """A workload of variable lengths: each histogram of (length, weight) bins; the mean lengths rounded."""
+    def mean(hist) -> int:
+        total = sum(w for _, w in hist)
+        return max(int(round(sum(n * w for n, w in hist) / total)), 1) if total > 0 else 0
+    return Workload(input_len=mean(inputs), output_len=mean(outputs), input_hist=tuple(inputs) if len(inputs) > 1
+                    else (), output_hist=tuple(outputs) if len(outputs) > 1 else (), **load)
