@@ -7,6 +7,7 @@ printed), 2 for user errors.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
@@ -110,8 +111,35 @@ def build_request(*, model_ref: str, gpus: str, cluster_file: str, engine: str, 
                         **layout)
 
 
-def run_serve(req, *, top: int, as_json: bool) -> int:
-    """Search, explain, print; returns the exit status."""
+APPROXIMATE_EXIT = 3
+"""Exit status when the exported launch cannot express part of the plan (as ``meshplan export``)."""
+
+
+def export_winner(best, req, *, checkpoint: str, out_dir: str) -> tuple[str, ...]:
+    """Write the winner's launch and benchmark scripts into ``out_dir``; returns what the engine cannot express."""
+    from pathlib import Path
+
+    from meshplan.cli.common import wrote
+    from meshplan.export.serve import export_serving
+
+    disagg = None
+    if best.prefill is not None:
+        disagg = {"prefill": best.prefill, "decode": best.plan, "prefill_replicas": best.prefill.replicas,
+                  "decode_replicas": best.plan.replicas}
+    done = export_serving(model=req.model, model_ref=checkpoint, plan=best.plan, engine=best.engine, work=req.work,
+                          disagg=disagg)
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in done.files.items():
+        (folder / name).write_text(text)
+    wrote(folder, f"{best.engine.name} launch and benchmark for {best.label()} ({', '.join(sorted(done.files))})")
+    for note in done.approximations:
+        print(f"approximation: {note}", file=sys.stderr)
+    return done.approximations
+
+
+def run_serve(req, *, top: int, as_json: bool, export: dict | None = None) -> int:
+    """Search, explain, print, export the winner when asked; returns the exit status."""
     from meshplan.cli.common import print_json, term_width
     from meshplan.report.serve import render_text, result_json
     from meshplan.search.serve import search
@@ -123,7 +151,13 @@ def run_serve(req, *, top: int, as_json: bool) -> int:
         print_json(result_json(result, why, top))
     else:
         sys.stdout.write(render_text(result, why, top=top, width=term_width()))
-    return 0 if result.best is not None else NOTHING_MEETS_EXIT
+    if result.best is None:
+        return NOTHING_MEETS_EXIT
+    if export:
+        notes = export_winner(result.best, req, checkpoint=export["checkpoint"], out_dir=export["dir"])
+        if notes and not export["allow_approximate"]:
+            return APPROXIMATE_EXIT
+    return 0
 
 
 def register(app: typer.Typer) -> None:
@@ -158,18 +192,39 @@ def register(app: typer.Typer) -> None:
         disagg: str = typer.Option("auto", "--disagg", help="auto (aggregated and disaggregated), off, or only."),
         top: int = typer.Option(5, "--top", min=1, help="Deployments in the table."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        export_dir: str = typer.Option("", "--export", help="Write the winner's launch.sh and bench.sh (and the "
+                                       "engine's option files) into this folder."),
+        checkpoint: str = typer.Option("", "--checkpoint", help="What the engine loads: a Hugging Face id or a "
+                                       "path (needed by --export), e.g. meta-llama/Llama-3.1-70B-Instruct."),
+        allow_approximate: bool = typer.Option(False, "--allow-approximate", help="Exit 0 even when the engine "
+                                               "cannot express part of the plan (else 3, as meshplan export)."),
     ) -> None:
         """Find the serving deployment with the most throughput (or least cost, or latency) that meets the SLOs."""
         from meshplan.errors import SpecError
 
         if price < 0 or price != price:
             raise SpecError("--price", price, "must be dollars per GPU-hour > 0")
+        export = None
+        if export_dir:
+            from meshplan.cli.common import output_path
+
+            if not checkpoint:
+                raise SpecError("--checkpoint", None, "is needed by --export: the Hugging Face id or path the engine "
+                                "loads, e.g. meta-llama/Llama-3.1-70B-Instruct")
+            folder = Path(export_dir)
+            if folder.exists() and not folder.is_dir():
+                raise SpecError("--export", export_dir, "is a file; give a folder (created if missing)")
+            if folder.is_dir():
+                output_path("--export", str(folder / "launch.sh"))
+            else:
+                output_path("--export", export_dir)
+            export = {"dir": export_dir, "checkpoint": checkpoint, "allow_approximate": allow_approximate}
         req = build_request(
             model_ref=model, gpus=gpus, cluster_file=cluster, engine=engine,
             work=dict(input_len=input_len, output_len=output_len, concurrency=concurrency, rate=rate),
             slo=dict(ttft_ms=ttft_ms, tpot_ms=tpot_ms, percentile=percentile),
             layout=dict(precision=precision, kv_dtype=kv_dtype, tp=tp, pp=pp, ep=ep, replicas=replicas,
                         max_num_seqs=max_num_seqs, disagg=disagg, objective=objective, price=price))
-        code = run_serve(req, top=top, as_json=as_json)
+        code = run_serve(req, top=top, as_json=as_json, export=export)
         if code:
             raise typer.Exit(code)
