@@ -228,3 +228,13 @@ def test_lengths_refuse_bad_values(text):
 
     with pytest.raises(SpecError, match="--input-len"):
         lengths("--input-len", text)
+
+
+def test_a_model_no_layout_holds_names_the_gpus_that_would():
+    res = search(_request(model=catalog.model("llama3.1-405b"), cluster=catalog.cluster("4xh100-sxm"),
+                          work=Workload(input_len=1000, output_len=1000)))
+    assert not res.candidates and res.infeasible
+    # 405.9e9 x 2 bytes = 756 GiB: 8 x 80 GB cannot hold it with a KV cache, 16 can
+    assert explain(res).nearest[0].startswith("16xh100-sxm holds it")
+    proc = _cli("--model", "llama3.1-405b", "--gpus", "4xh100-sxm", "--input-len", "100", "--output-len", "100")
+    assert proc.returncode == 4 and "NOTHING FITS" in proc.stdout and "16xh100-sxm holds it" in proc.stdout

@@ -47,6 +47,16 @@ def candidate_row(result: ServeResult, c: ServeCandidate) -> dict:
     return row
 
 
+def _gpus_of(label: str) -> int:
+    """GPUs of a layout label such as ``1xtp4pp2``."""
+    import re
+
+    n = 1
+    for v in re.findall(r"(?:tp|pp)(\d+)", label):
+        n *= int(v)
+    return n
+
+
 def _plan_dict(p) -> dict:
     return {"tp": p.tp, "pp": p.pp, "ep": p.ep, "replicas": p.replicas, "precision": p.precision,
             "kv_dtype": p.kv_dtype, "engine": p.engine}
@@ -94,7 +104,8 @@ def render_text(result: ServeResult, why: Explanation, *, top: int = 5, width: i
     con = Console(file=buf, width=width, force_terminal=False, no_color=True, highlight=False)
     con.print(headline(result))
     if not result.candidates:
-        con.print("NOTHING FITS: " + (result.infeasible[0][1] if result.infeasible else "no layout"))
+        leanest = min(result.infeasible, key=lambda r: -_gpus_of(r[0]), default=("", "no layout"))
+        con.print("NOTHING FITS: " + leanest[1])
         for line in why.nearest:
             con.print(f"  {line}")
         return buf.getvalue()

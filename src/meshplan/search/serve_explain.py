@@ -93,7 +93,7 @@ def nearest(result: ServeResult) -> list[str]:
     """When no deployment meets the SLOs: the closest one and the least change that would make one meet them."""
     req = result.request
     if not result.candidates:
-        return ["no layout holds the weights and one request: use more GPUs, fp8 weights or a smaller model"]
+        return _nothing_fits(req)
     close = min(result.candidates, key=lambda c: (_rel_miss(req, c), _score_key(c)))
     pct = f"p{round(100 * req.slo.percentile)}"
     out = [f"closest: {close.label()} ({'; '.join(close.misses)})",
@@ -113,6 +113,23 @@ def nearest(result: ServeResult) -> list[str]:
     if load:
         out.append(load)
     return out
+
+
+def _nothing_fits(req: ServeRequest) -> list[str]:
+    """No layout holds the weights and one request: the fewest GPUs (2x, 4x, 8x) and fp8 weights that would."""
+    out = []
+    for k in (2, 4, 8, 16):
+        bigger = replace(req.pool, n_gpus=k * req.pool.n_gpus)
+        won = search(replace(req, cluster=replace(req.cluster, pools=(bigger,), name=""), disagg="off")).candidates
+        if won:
+            out.append(f"{bigger.n_gpus}x{bigger.gpu.name} holds it, e.g. {won[0].label()}")
+            break
+    if req.precision != "fp8":
+        won = search(replace(req, precision="fp8", kv_dtype="fp8", disagg="off")).candidates
+        if won:
+            out.append(f"--precision fp8 --kv-dtype fp8 holds it on these GPUs, e.g. {won[0].label()}")
+    return out or ["no layout holds the weights and one request even on 16x the GPUs: a smaller model or GPUs "
+                   "with more memory"]
 
 
 def _score_key(c: ServeCandidate) -> float:
