@@ -30,6 +30,7 @@ class ServeRow:
     id: str
     metric: str
     engine: str
+    gpu: str
     measured: float
     predicted: float
     queue_dominated: bool
@@ -56,10 +57,16 @@ class ServeReport:
             out.setdefault(key, []).append(r)
         return out
 
-    def summary(self) -> dict[str, dict[str, float]]:
-        """Per group: n, MAPE, median and max absolute error (%)."""
+    def summary(self, by: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
+        """Per group (the metric, TTFT split by queueing; then each field of ``by``: ``engine``, ``gpu``): n,
+        MAPE, median and max absolute error (%)."""
+        groups: dict[str, list[ServeRow]] = {}
+        for key, rows in self.groups().items():
+            for r in rows:
+                sub = " ".join(f"/ {getattr(r, f)}" for f in by)
+                groups.setdefault(f"{key} {sub}".strip(), []).append(r)
         out = {}
-        for key, rows in sorted(self.groups().items()):
+        for key, rows in sorted(groups.items()):
             ape = [abs(r.error_pct) for r in rows]
             out[key] = {"n": len(rows), "mape_pct": statistics.fmean(ape), "median_ape_pct": statistics.median(ape),
                         "max_ape_pct": max(ape)}
@@ -67,10 +74,11 @@ class ServeReport:
 
     def as_dict(self) -> dict:
         """The JSON shape of ``meshplan validate --json`` on a serving CSV."""
-        return {"rows": [{"id": r.id, "metric": r.metric, "engine": r.engine, "measured": r.measured,
+        return {"rows": [{"id": r.id, "metric": r.metric, "engine": r.engine, "gpu": r.gpu, "measured": r.measured,
                           "predicted": r.predicted, "error_pct": r.error_pct, "queue_dominated": r.queue_dominated}
                          for r in self.rows],
-                "summary": self.summary(), "false_oom": [{"id": i, "reason": w} for i, w in self.false_oom],
+                "summary": self.summary(), "by_engine": self.summary(("engine",)), "by_gpu": self.summary(("gpu",)),
+                "false_oom": [{"id": i, "reason": w} for i, w in self.false_oom],
                 "skipped": [{"id": i, "reason": w} for i, w in self.skipped]}
 
 
@@ -140,7 +148,7 @@ def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
     measured = float(row["value"])
     if not measured > 0:
         raise SpecError(f"{row['id']}.value", row["value"], "must be a positive measurement")
-    return ServeRow(id=row["id"], metric=metric, engine=engine.name, measured=measured,
+    return ServeRow(id=row["id"], metric=metric, engine=engine.name, gpu=gpu.name, measured=measured,
                     predicted=pred.metric(metric), queue_dominated=pred.queue_dominated), ""
 
 

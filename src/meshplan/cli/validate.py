@@ -95,12 +95,15 @@ def _validate_serving(path: str, as_json: bool) -> None:
         return
     buf = StringIO()
     con = Console(file=buf, width=term_width(), force_terminal=False, no_color=True, highlight=False)
-    t = Table(title="serving measurements: predicted vs measured", show_header=True)
-    for col in ("metric", "n", "MAPE %", "median %", "max %"):
-        t.add_column(col, justify="left" if col == "metric" else "right")
-    for key, s in report.summary().items():
-        t.add_row(key, str(s["n"]), f"{s['mape_pct']:.1f}", f"{s['median_ape_pct']:.1f}", f"{s['max_ape_pct']:.1f}")
-    con.print(t)
+    for title, by in (("serving measurements: predicted vs measured", ()), ("by engine", ("engine",)),
+                      ("by GPU", ("gpu",))):
+        t = Table(title=title, show_header=True)
+        for col in ("metric", "n", "MAPE %", "median %", "max %"):
+            t.add_column(col, justify="left" if col == "metric" else "right")
+        for key, s in report.summary(by).items():
+            t.add_row(key, str(s["n"]), f"{s['mape_pct']:.1f}", f"{s['median_ape_pct']:.1f}",
+                      f"{s['max_ape_pct']:.1f}")
+        con.print(t)
     con.print(f"predicted {len(report.rows)} rows; skipped {len(report.skipped)} (variable lengths, open-loop rates "
               f"or GPUs not in the catalog; --json lists why); called out of memory although they ran: "
               f"{len(report.false_oom)}")
