@@ -127,7 +127,7 @@ def export_winner(best, req, *, checkpoint: str, out_dir: str) -> tuple[str, ...
         disagg = {"prefill": best.prefill, "decode": best.plan, "prefill_replicas": best.prefill.replicas,
                   "decode_replicas": best.plan.replicas}
     done = export_serving(model=req.model, model_ref=checkpoint, plan=best.plan, engine=best.engine, work=req.work,
-                          disagg=disagg)
+                          disagg=disagg, gpus_per_node=req.pool.gpus_per_node)
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in done.files.items():

@@ -18,8 +18,8 @@ from meshplan.spec.model import ModelSpec
 from meshplan.spec.serving import ServePlan, Workload
 
 GPUS_PER_NODE = 8
-"""GPUs one launch command can see: the 8-GPU HGX/DGX boards the catalog's serving GPUs come on (NVIDIA HGX H100/H200
-/B200 are 8-GPU baseboards)."""
+"""Default GPUs one launch command can see (the cluster's ``gpus_per_node`` is passed when known): the 8-GPU
+HGX/DGX boards the catalog's serving GPUs come on (NVIDIA HGX H100/H200/B200 are 8-GPU baseboards)."""
 
 CONTEXT_ROUND = 1024
 """The context length a server is started with is the request's prompt plus output rounded up to this many tokens
@@ -40,6 +40,8 @@ class Pool:
     """Layout of each replica of the pool."""
     replicas: int
     """Engine instances in the pool."""
+    gpus_per_node: int = GPUS_PER_NODE
+    """GPUs of one node of the cluster the pool runs on."""
 
     @property
     def n_gpus(self) -> int:
@@ -63,6 +65,8 @@ class ServeJob:
     """The load the plan was made for; the benchmark reproduces it."""
     pools: tuple[Pool, ...]
     """One ``serve`` pool, or a ``prefill`` and a ``decode`` pool."""
+    gpus_per_node: int = GPUS_PER_NODE
+    """GPUs of one node of the cluster."""
 
     @property
     def disaggregated(self) -> bool:
@@ -85,23 +89,26 @@ class Launch:
 
 
 def make_job(*, model: ModelSpec, model_ref: str, plan: ServePlan, engine: EngineProfile, work: Workload,
-             disagg: dict | None) -> ServeJob:
+             disagg: dict | None, gpus_per_node: int = GPUS_PER_NODE) -> ServeJob:
     """The job, with its pools laid out: ``disagg`` is ``{"prefill": ServePlan, "decode": ServePlan,
     "prefill_replicas": int, "decode_replicas": int}`` or None."""
     if not model_ref.strip():
         raise ExportError("the model reference (a Hugging Face id or a checkpoint path) is empty")
     if disagg is None:
-        pools = (Pool(role="serve", plan=plan, replicas=plan.replicas),)
+        pools = (Pool(role="serve", plan=plan, replicas=plan.replicas, gpus_per_node=gpus_per_node),)
     else:
         missing = sorted({"prefill", "decode", "prefill_replicas", "decode_replicas"} - set(disagg))
         if missing:
             raise ExportError(f"disaggregated export needs {', '.join(missing)}")
-        prefill = Pool(role="prefill", plan=disagg["prefill"], replicas=int(disagg["prefill_replicas"]))
-        decode = Pool(role="decode", plan=disagg["decode"], replicas=int(disagg["decode_replicas"]))
+        prefill = Pool(role="prefill", plan=disagg["prefill"], replicas=int(disagg["prefill_replicas"]),
+                       gpus_per_node=gpus_per_node)
+        decode = Pool(role="decode", plan=disagg["decode"], replicas=int(disagg["decode_replicas"]),
+                      gpus_per_node=gpus_per_node)
         if prefill.replicas < 1 or decode.replicas < 1:
             raise ExportError("a disaggregated deployment needs at least one prefill and one decode replica")
         pools = (prefill, decode)
-    return ServeJob(model=model, model_ref=model_ref, plan=plan, engine=engine, work=work, pools=pools)
+    return ServeJob(model=model, model_ref=model_ref, plan=plan, engine=engine, work=work, pools=pools,
+                    gpus_per_node=gpus_per_node)
 
 
 def placements(job: ServeJob) -> dict[str, list[tuple[int, list[int]]]]:
@@ -109,14 +116,15 @@ def placements(job: ServeJob) -> dict[str, list[tuple[int, list[int]]]]:
     pool order; one that would straddle two nodes starts on the next, and one larger than a node takes whole nodes
     (its list then names one node's GPUs, the same on each)."""
     node, local, out = 0, 0, {}
+    per_node = job.gpus_per_node
     for pool in job.pools:
         g, spots = pool.plan.gpus_per_replica, []
         for _ in range(pool.replicas):
-            if local and (g >= GPUS_PER_NODE or local + g > GPUS_PER_NODE):
+            if local and (g >= per_node or local + g > per_node):
                 node, local = node + 1, 0
-            if g >= GPUS_PER_NODE:
-                spots.append((node, list(range(GPUS_PER_NODE))))
-                node += math.ceil(g / GPUS_PER_NODE)
+            if g >= per_node:
+                spots.append((node, list(range(per_node))))
+                node += math.ceil(g / per_node)
                 continue
             spots.append((node, list(range(local, local + g))))
             local += g
@@ -126,7 +134,7 @@ def placements(job: ServeJob) -> dict[str, list[tuple[int, list[int]]]]:
 
 def replica_nodes(pool: Pool) -> int:
     """Nodes one replica of ``pool`` spans (1 unless it has more GPUs than a node)."""
-    return max(1, math.ceil(pool.plan.gpus_per_replica / GPUS_PER_NODE))
+    return max(1, math.ceil(pool.plan.gpus_per_replica / pool.gpus_per_node))
 
 
 def visible_devices(gpus: list[int]) -> tuple[str, str]:
@@ -134,9 +142,14 @@ def visible_devices(gpus: list[int]) -> tuple[str, str]:
     return ("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in gpus))
 
 
+def port_span(first: int, count: int) -> str:
+    """``8001-8004`` for four ports from 8001, ``8100`` for one."""
+    return str(first) if count == 1 else f"{first}-{first + count - 1}"
+
+
 def fits_one_node(job: ServeJob) -> bool:
     """Every GPU of the deployment is on one node (an engine's own data-parallel flag then starts all replicas)."""
-    return sum(p.n_gpus for p in job.pools) <= GPUS_PER_NODE
+    return sum(p.n_gpus for p in job.pools) <= job.gpus_per_node
 
 
 def context_len(job: ServeJob) -> int:
@@ -202,19 +215,17 @@ def pick_release(engine: EngineProfile, releases: dict[str, object]) -> tuple[st
 
 
 def command_lines(launch: Launch, *, background: bool = False) -> list[str]:
-    """A command as shell lines: environment and program on the first, one option (with its values) per line."""
-    words = [shlex.quote(w) for w in launch.argv]
+    """A command as shell lines: environment and program (with ``-m module`` and positional arguments) on the
+    first, one option with its values per line after it."""
     groups: list[list[str]] = [[]]
-    for raw, word in zip(launch.argv, words):
+    for i, raw in enumerate(launch.argv):
         is_option = raw.startswith("--") or (raw.startswith("-") and len(raw) > 1 and not _is_number(raw))
-        if is_option and groups[-1]:
+        if is_option and groups[-1] and not (raw == "-m" and i == 1):
             groups.append([])
-        groups[-1].append(word)
+        groups[-1].append(shlex.quote(raw))
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launch.env)
-    head = (env + " " if env else "") + " ".join(groups[0])
-    lines = [head] + ["    " + " ".join(g) for g in groups[1:]]
-    out = [ln + " \\" for ln in lines[:-1]] + [lines[-1] + (" &" if background else "")]
-    return out
+    lines = [(env + " " if env else "") + " ".join(groups[0])] + ["    " + " ".join(g) for g in groups[1:]]
+    return [ln + " \\" for ln in lines[:-1]] + [lines[-1] + (" &" if background else "")]
 
 
 def _is_number(word: str) -> bool:
@@ -226,17 +237,18 @@ def _is_number(word: str) -> bool:
 
 
 def script(*, header: list[str], launches: list[Launch], notes: list[str] = ()) -> str:
-    """A bash script: the comment header, then each launch (backgrounded and waited for when there are several;
-    a command for another node is written as a comment line to run there)."""
+    """A bash script: the comment header, notes, then each launch under a comment naming it (and its node when not
+    the first); several launches run in the background and the script waits for them."""
     out = ["#!/usr/bin/env bash", *[("# " + h).rstrip() for h in header], "set -euo pipefail", ""]
-    for note in notes:
-        out.append(f"# {note}")
+    out += [f"# {note}" for note in notes]
     several = len(launches) > 1
     for launch in launches:
         where = f" (on node {launch.node})" if launch.node else ""
         out.append(f"# {launch.role}{where}")
-        out += command_lines(launch, background=several and launch is not launches[-1])
+        out += command_lines(launch, background=several)
         out.append("")
+    if several:
+        out.append("wait")
     return "\n".join(out).rstrip("\n") + "\n"
 
 
