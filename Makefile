@@ -29,11 +29,9 @@ DEEPSPEED ?= deepspeed==0.19.8
 TORCHTITAN3 ?= torchtitan==0.3.0 spmd_types==0.2.3 torchao==0.18.0
 # Serving-engine parsers (tests/unit/test_serve_export.py): each release in its own folder under $(SERVEP) with only the
 # modules its CLI parser imports (--no-deps), run in a subprocess. vLLM comes from its sdist (1.2 / 10.8 MB; the
-# wheels are 170 / 440 MB of CUDA kernels a parser never loads): pip fetches it, building its metadata with
-# VLLM_TARGET_DEVICE=empty and setuptools_scm from a side folder (the version then reads X+empty, hence the direct
-# URLs), and its vllm/ package is unpacked. SGLang comes from its wheels (0.3 / 39 MB).
+# wheels are 170 / 440 MB of CUDA kernels a parser never loads), fetched from the registry by URL and only its
+# vllm/ package unpacked (no build: a parser needs the Python files). SGLang comes from its wheels (0.3 / 39 MB).
 SERVEP := $(VENV)/serveparsers
-SETUPTOOLS_SCM ?= setuptools_scm==8.3.1
 VLLM060_SDIST ?= https://files.pythonhosted.org/packages/09/14/4dd0f508e8bb6d37f86feb4f588734bc7c9275c7b077b4ee0ab3e8103b7c/vllm-0.6.0.tar.gz
 VLLM011_SDIST ?= https://files.pythonhosted.org/packages/82/5a/36d2351206f4d8d871b10780f874d03957985e08298d430cc837723e07af/vllm-0.11.0.tar.gz
 SERVE_AIOHTTP := aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4 aiohappyeyeballs==2.7.1 \
@@ -54,10 +52,10 @@ SGLANG0523 ?= sglang==0.5.23 transformers==5.19.0 safetensors==0.8.0 regex==2026
 	pybase64==1.5.1 starlette==1.10.0 msgspec==0.23.0 pyzmq==27.3.0 ipython==9.18.1 traitlets==5.16.1 $(SERVE_AIOHTTP)
 # $(call vllm_parser,VERSION,SDIST_URL,DEPS): one vLLM release's parser folder
 define vllm_parser
-rm -rf $(SERVEP)/vllm-$(1) && PYTHONPATH=$(abspath $(SERVEP))/scm VLLM_TARGET_DEVICE=empty $(BIN)/pip download -q --no-deps \
-	--no-build-isolation -d $(SERVEP)/sdist "vllm @ $(2)" && $(BIN)/pip install -q --no-deps --target \
-	$(SERVEP)/vllm-$(1) $(3) && tar -xzf $(SERVEP)/sdist/vllm-$(1).tar.gz -C $(SERVEP)/vllm-$(1) \
-	--strip-components=1 vllm-$(1)/vllm
+rm -rf $(SERVEP)/vllm-$(1) && mkdir -p $(SERVEP)/sdist && $(BIN)/python -c "import sys, urllib.request; \
+	urllib.request.urlretrieve(sys.argv[1], sys.argv[2])" "$(2)" $(SERVEP)/sdist/vllm-$(1).tar.gz && \
+	$(BIN)/pip install -q --no-deps --target $(SERVEP)/vllm-$(1) $(3) && tar -xzf $(SERVEP)/sdist/vllm-$(1).tar.gz \
+	-C $(SERVEP)/vllm-$(1) --strip-components=1 vllm-$(1)/vllm
 endef
 $(BIN)/.extras: $(BIN)/.torch
 	$(BIN)/pip install -q "$(TORCH)" -e ".[parsers]" 2>/dev/null || echo "framework parsers not installed; their tests skip"
@@ -68,8 +66,6 @@ $(BIN)/.extras: $(BIN)/.torch
 	@if [ "$$(id -u)" = 0 ] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium not installed; the browser test skips"; fi
-	$(BIN)/pip install -q --no-deps --upgrade --target $(SERVEP)/scm "$(SETUPTOOLS_SCM)" 2>/dev/null \
-		|| echo "setuptools_scm not installed; the vLLM parser tests skip"
 	# the four parser folders download side by side (each its own --target), then the recipe waits for all
 	{ ($(call vllm_parser,0.6.0,$(VLLM060_SDIST),$(VLLM060_DEPS))) 2>/dev/null \
 		|| echo "vLLM 0.6.0 parser not installed; its parser tests skip"; } & \

@@ -87,16 +87,6 @@ def test_gpu_check_needs_a_gpu_profile():
 
 
 @pytest.fixture(scope="module")
-def local_profile(tmp_path_factory) -> str:
-    """This host calibrated once (what `meshplan check` does first), shared by the training and serving checks."""
-    out = tmp_path_factory.mktemp("hw") / "local.toml"
-    proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "calibrate", "--out", str(out), "--nproc", "2",
-                           "--min-time", "0.05"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return str(out)
-
-
-@pytest.fixture(scope="module")
 def closed_loop(tmp_path_factory, local_profile) -> dict:
     out = tmp_path_factory.mktemp("check")
     proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "check", "--model", "small-llama", "--nproc", "2",

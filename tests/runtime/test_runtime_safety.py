@@ -186,13 +186,15 @@ def _alive(pid: int) -> bool:
 
 
 def _workers(root: int, marker: str) -> list[int]:
+    """Descendants running ``marker`` as their own module (``-m marker``), not torchrun whose arguments name it."""
     out = []
     for pid in descendants(root):
         try:
-            if marker in Path(f"/proc/{pid}/cmdline").read_text():
-                out.append(pid)
+            argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
         except OSError:
-            pass
+            continue
+        if marker in argv and "torch.distributed.run" not in argv and "meshplan.runtime.procs" not in argv:
+            out.append(pid)
     return out
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -146,8 +145,16 @@ def test_unmeetable_slo_names_the_nearest_option():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "meshplan.cli", "serve", *args], capture_output=True, text=True,
-                          timeout=120)
+    """``meshplan serve ARGS`` in this process (what the console script runs: ``cli.main``), its streams captured."""
+    import contextlib
+    import io
+
+    from meshplan.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["serve", *args])
+    return subprocess.CompletedProcess(["meshplan", "serve", *args], code, out.getvalue(), err.getvalue())
 
 
 BASE = ("--model", "llama3.1-70b", "--gpus", "8xh100-sxm", "--input-len", "1000", "--output-len", "500")

@@ -5,7 +5,7 @@ agreement of prediction and measurement (MAPE, Kendall tau, regret), per metric.
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 
 from meshplan import catalog
 from meshplan.calibrate.agreement import kendall_tau, mape_pct, regret_pct
@@ -13,9 +13,30 @@ from meshplan.calibrate.serve_constants import load_constants
 from meshplan.cost.serve_load import predict_load
 from meshplan.cost.serve_step import step_context
 from meshplan.errors import SpecError
-from meshplan.runtime.serve_check import ServeCase
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.serving import ServePlan, Workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeCase:
+    """One configuration of the sweep."""
+
+    model: str
+    tp: int
+    clients: int
+    """Closed-loop clients of the whole deployment (split evenly over the replicas)."""
+    input_len: int
+    output_len: int
+    requests: int
+    """Requests of the whole deployment (the first ``clients`` form the start-up wave)."""
+    seed: int = 0
+
+    def label(self) -> str:
+        return f"tp{self.tp} c={self.clients} in={self.input_len} out={self.output_len}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
 
 SHAPES = ((32, 16, 1), (32, 16, 4), (128, 16, 4), (64, 32, 8))
 """(input, output, clients) of the default sweep, each under every TP degree the world allows."""

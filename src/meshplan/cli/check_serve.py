@@ -34,37 +34,6 @@ def measure(cases: list, *, world: int, timeout_s: float) -> list[dict]:
         return json.loads(out.read_text())
 
 
-def token_mismatches(results: list[dict]) -> list[str]:
-    """Requests whose tokens differ from the greedy reference, except at a near-tie of the reference's two best
-    logits (< 1e-4: another reduction order may flip it), which is reported but allowed."""
-    import torch
-
-    from meshplan import catalog
-    from meshplan.runtime.decode import greedy_reference, prompts
-    from meshplan.runtime.models.decoder import build_decoder
-
-    torch.set_num_threads(1)
-    refs: dict = {}
-    bad = []
-    for res in results:
-        c = res["case"]
-        spec = catalog.model(c["model"])
-        texts = prompts(spec.vocab, c["requests"], c["input_len"], seed=c["seed"])
-        for r in res["requests"]:
-            key = (c["model"], c["seed"], c["input_len"], r["index"])
-            if key not in refs or len(refs[key][0]) < c["output_len"]:
-                model = refs.get(("model", c["model"], c["seed"])) or build_decoder(spec, seed=c["seed"])
-                refs[("model", c["model"], c["seed"])] = model
-                refs[key] = greedy_reference(model, texts[r["index"]], c["output_len"])
-            want, margins = refs[key]
-            got = r["tokens"]
-            first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-            if first is not None and margins[first] >= 1e-4:
-                bad.append(f"tp{c['tp']} request {r['index']}: token {first} is {got[first]}, reference "
-                           f"{want[first]} (margin {margins[first]:.2g})")
-    return bad
-
-
 def run_serve_check(*, model: str, nproc: int, hardware: str, timeout_s: float) -> dict:
     """Predict, run and score the default sweep."""
     from meshplan.calibrate.serve_agreement import agreement, default_cases, measured, predict_case
@@ -75,6 +44,8 @@ def run_serve_check(*, model: str, nproc: int, hardware: str, timeout_s: float) 
     meas = [measured(r["requests"]) for r in results]
     labels = [c.label() for c in cases]
     out = {m: agreement(labels, [p[i] for p in pred], [x[i] for x in meas]) for m, i in METRICS}
+    from meshplan.runtime.decode import token_mismatches
+
     out["token_mismatches"] = token_mismatches(results)
     out.update(model=model, world=nproc, hardware=hardware, n_cases=len(cases))
     return out

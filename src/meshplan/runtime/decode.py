@@ -187,3 +187,31 @@ def greedy_reference(model: Decoder, prompt: torch.Tensor, output_len: int) -> t
             margins.append(float(top[0] - top[1]))
             seq = torch.cat([seq, torch.tensor([tokens[-1]])])
     return tokens, margins
+
+
+def token_mismatches(results: list[dict]) -> list[str]:
+    """Requests whose tokens differ from the greedy reference, except at a near-tie of the reference's two best
+    logits (< 1e-4: another reduction order may flip it), which is reported but allowed."""
+    from meshplan import catalog
+    from meshplan.runtime.models.decoder import build_decoder
+
+    torch.set_num_threads(1)
+    refs: dict = {}
+    bad = []
+    for res in results:
+        c = res["case"]
+        spec = catalog.model(c["model"])
+        texts = prompts(spec.vocab, c["requests"], c["input_len"], seed=c["seed"])
+        for r in res["requests"]:
+            key = (c["model"], c["seed"], c["input_len"], r["index"])
+            if key not in refs or len(refs[key][0]) < c["output_len"]:
+                model = refs.get(("model", c["model"], c["seed"])) or build_decoder(spec, seed=c["seed"])
+                refs[("model", c["model"], c["seed"])] = model
+                refs[key] = greedy_reference(model, texts[r["index"]], c["output_len"])
+            want, margins = refs[key]
+            got = r["tokens"]
+            first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+            if first is not None and margins[first] >= 1e-4:
+                bad.append(f"tp{c['tp']} request {r['index']}: token {first} is {got[first]}, reference "
+                           f"{want[first]} (margin {margins[first]:.2g})")
+    return bad

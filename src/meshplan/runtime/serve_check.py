@@ -11,29 +11,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
-@dataclass(frozen=True, kw_only=True)
-class ServeCase:
-    """One configuration of the sweep."""
-
-    model: str
-    tp: int
-    clients: int
-    """Closed-loop clients of the whole deployment (split evenly over the replicas)."""
-    input_len: int
-    output_len: int
-    requests: int
-    """Requests of the whole deployment (the first ``clients`` form the start-up wave)."""
-    seed: int = 0
-
-    def label(self) -> str:
-        return f"tp{self.tp} c={self.clients} in={self.input_len} out={self.output_len}"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from meshplan.calibrate.serve_agreement import ServeCase
 
 
 def _serve_case(case: ServeCase, world: int) -> list[dict]:
