@@ -198,12 +198,37 @@ def _workers(root: int, marker: str) -> list[int]:
     return out
 
 
-def _start(args: list[str], tmp: Path) -> subprocess.Popen:
-    """meshplan in its own session (our signals reach only it), with a private TMPDIR to look into after."""
+@pytest.fixture
+def started():
+    """The meshplan processes a test starts; any still running when it ends (a failed assertion before its
+    signal) is stopped with SIGTERM, as a scheduler would, and its tree killed, so no test leaves a run behind."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            tree = descendants(proc.pid)
+            proc.terminate()
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            for pid in tree:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+def _start(args: list[str], tmp: Path, started: list | None = None) -> subprocess.Popen:
+    """meshplan in its own session (our signals reach only it), with a private TMPDIR to look into after;
+    registered in ``started`` to be stopped if the test fails before it ends."""
     (tmp / "t").mkdir()
     env = {**os.environ, "TMPDIR": str(tmp / "t")}
-    return subprocess.Popen([sys.executable, "-m", "meshplan.cli", *args], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "meshplan.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True, cwd=tmp)
+    if started is not None:
+        started.append(proc)
+    return proc
 
 
 def _wait_for_workers(proc: subprocess.Popen, marker: str, n: int = 2, within: float = 180) -> list[int]:
@@ -231,9 +256,9 @@ def _all_gone(pids: list[int], within: float = 15) -> list[int]:
 
 @pytest.mark.runtime
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_stop_signal_to_run_leaves_no_process_and_one_line(tmp_path, sig, code):
+def test_a_stop_signal_to_run_leaves_no_process_and_one_line(tmp_path, sig, code, started):
     (tmp_path / "plan.toml").write_text(TINY)
-    proc = _start(["run", "--plan", "plan.toml", "--steps", "100000"], tmp_path)
+    proc = _start(["run", "--plan", "plan.toml", "--steps", "100000"], tmp_path, started)
     tree = _wait_for_workers(proc, "meshplan.runtime.worker")
     assert len(tree) >= 3  # torchrun and two ranks
     proc.send_signal(sig)
@@ -247,9 +272,9 @@ def test_a_stop_signal_to_run_leaves_no_process_and_one_line(tmp_path, sig, code
 
 
 @pytest.mark.runtime
-def test_sigkill_of_meshplan_still_takes_torchrun_and_its_ranks(tmp_path):
+def test_sigkill_of_meshplan_still_takes_torchrun_and_its_ranks(tmp_path, started):
     (tmp_path / "plan.toml").write_text(TINY)
-    proc = _start(["run", "--plan", "plan.toml", "--steps", "100000"], tmp_path)
+    proc = _start(["run", "--plan", "plan.toml", "--steps", "100000"], tmp_path, started)
     tree = _wait_for_workers(proc, "meshplan.runtime.worker")
     proc.kill()  # no handler runs: the death signals torchrun and each rank armed do the work
     proc.communicate(timeout=30)
@@ -257,9 +282,9 @@ def test_sigkill_of_meshplan_still_takes_torchrun_and_its_ranks(tmp_path):
 
 
 @pytest.mark.runtime
-def test_wall_timeout_stops_the_whole_run_during_start_up(tmp_path):
+def test_wall_timeout_stops_the_whole_run_during_start_up(tmp_path, started):
     (tmp_path / "plan.toml").write_text(TINY)
-    proc = _start(["run", "--plan", "plan.toml", "--steps", "100000", "--wall-timeout", "4"], tmp_path)
+    proc = _start(["run", "--plan", "plan.toml", "--steps", "100000", "--wall-timeout", "4"], tmp_path, started)
     seen: set[int] = set()
     while proc.poll() is None:
         seen.update(descendants(proc.pid))
@@ -271,9 +296,9 @@ def test_wall_timeout_stops_the_whole_run_during_start_up(tmp_path):
 
 
 @pytest.mark.runtime
-def test_sigterm_to_check_leaves_no_process(tmp_path):
+def test_sigterm_to_check_leaves_no_process(tmp_path, started):
     proc = _start(["check", "--model", "tiny-llama", "--nproc", "2", "--hardware", "cpu", "--global-batch", "4",
-                   "--seq-len", "32", "--rounds", "1000"], tmp_path)
+                   "--seq-len", "32", "--rounds", "1000"], tmp_path, started)
     tree = _wait_for_workers(proc, "meshplan.runtime.closed_loop")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
