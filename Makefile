@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # torch==2.13.0 is the CPU wheel kept on local disk on these machines; an unpinned torch pulls a CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test venv bench clean serve-parsers-old
 
 $(BIN)/meshplan: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -66,17 +66,19 @@ $(BIN)/.extras: $(BIN)/.torch
 	@if [ "$$(id -u)" = 0 ] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium not installed; the browser test skips"; fi
-	# the four parser folders download side by side (each its own --target), then the recipe waits for all
-	{ ($(call vllm_parser,0.6.0,$(VLLM060_SDIST),$(VLLM060_DEPS))) 2>/dev/null \
-		|| echo "vLLM 0.6.0 parser not installed; its parser tests skip"; } & \
+	# the current releases' parser folders download side by side (each its own --target); the older releases'
+	# (vLLM 0.6.0, SGLang 0.3.0: the validation rows' engines) come with `make serve-parsers-old`
 	{ ($(call vllm_parser,0.11.0,$(VLLM011_SDIST),$(VLLM011_DEPS))) 2>/dev/null \
 		|| echo "vLLM 0.11.0 parser not installed; its parser tests skip"; } & \
-	{ $(BIN)/pip install -q --no-deps --upgrade --target $(SERVEP)/sglang-0.3.0 $(SGLANG030) 2>/dev/null \
-		|| echo "SGLang 0.3.0 parser not installed; its parser tests skip"; } & \
 	{ $(BIN)/pip install -q --no-deps --upgrade --target $(SERVEP)/sglang-0.5.23 $(SGLANG0523) 2>/dev/null \
 		|| echo "SGLang 0.5.23 parser not installed; its parser tests skip"; } & \
 	wait
 	touch $(BIN)/.extras
+
+# The parsers of the older engine releases the serving profiles also export to (their tests skip without them).
+serve-parsers-old: venv
+	$(call vllm_parser,0.6.0,$(VLLM060_SDIST),$(VLLM060_DEPS))
+	$(BIN)/pip install -q --no-deps --upgrade --target $(SERVEP)/sglang-0.3.0 $(SGLANG030)
 
 demo: venv
 	$(BIN)/meshplan demo

@@ -18,7 +18,7 @@ def _best(model, gpus, gb, seq, **kw):
 
 @pytest.mark.parametrize("model,gpus,gb,seq", [("llama3-8b", "8xh100-sxm", 64, 4096),
                                                ("tiny-moe", "8xh100-sxm", 32, 2048),
-                                               ("llama2-7b", "8xa100-80gb+8xh100-sxm", 32, 4096)])
+                                               ("llama2-7b", "4xa100-80gb+4xh100-sxm", 16, 4096)])
 def test_pruned_equals_exhaustive(model, gpus, gb, seq):
     fast = _best(model, gpus, gb, seq)
     full = _best(model, gpus, gb, seq, exhaustive=True)

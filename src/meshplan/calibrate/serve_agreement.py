@@ -53,7 +53,7 @@ def check_decodable(spec: ModelSpec) -> None:
                         "batched per sequence)")
 
 
-def default_cases(model: str, nproc: int, *, requests_per_client: int = 3) -> list[ServeCase]:
+def default_cases(model: str, nproc: int, *, requests_per_client: int = 2) -> list[ServeCase]:
     """At least 8 cases: every SHAPES entry at tp = 1 (nproc replicas) and tp = nproc (one replica)."""
     tps = sorted({1, nproc})
     out = []
