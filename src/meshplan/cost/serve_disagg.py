@@ -11,7 +11,13 @@ pool is an M/D/1 queue per replica, a closed loop's surplus clients wait by Litt
 from __future__ import annotations
 
 from meshplan.cost.comm import collective_time
-from meshplan.cost.serve_load import ServePrediction, kv_capacity_tokens, kv_need, mean_prefill, resident_cap
+from meshplan.cost.serve_load import (
+    ServePrediction,
+    kv_capacity_tokens,
+    kv_need,
+    mean_prefill,
+    resident_under_load,
+)
 from meshplan.cost.serve_step import StepContext, decode_time, kv_bytes_per_token
 from meshplan.spec.cluster import group_link
 from meshplan.spec.serving import Workload
@@ -33,14 +39,7 @@ def predict_disagg(pre: StepContext, dec: StepContext, work: Workload, *, n_pref
     """Steady state of ``n_prefill`` prefill replicas feeding ``n_decode`` decode replicas."""
     t_p = mean_prefill(pre, work)
     t_kv = kv_transfer_time(pre, dec, tokens=work.input_len)
-    cap, limit = resident_cap(dec, work)
-    if work.offline:
-        resident = cap
-    elif work.concurrency:
-        per = -(-work.concurrency // n_decode)
-        resident, limit = (per, "load") if per <= cap else (cap, limit)
-    else:
-        resident, limit = _open_resident(dec, work, cap, n_decode)
+    resident, _, limit = resident_under_load(dec, work, n_decode, _open_resident)
     t_d = decode_time(dec, batch=resident, context=work.mean_context)
     x_prefill = n_prefill / t_p  # requests/s the prefill pool finishes
     x_decode = n_decode * resident / (work.output_len * t_d)

@@ -151,16 +151,22 @@ def steady_state(ctx: StepContext, work: Workload, resident: int) -> tuple[float
     return t_d, t_p, cycle, tpot
 
 
-def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePrediction:
-    """The steady state of ``replicas`` identical replicas sharing the workload evenly."""
+def resident_under_load(ctx: StepContext, work: Workload, replicas: int, open_loop) -> tuple[int, int, str]:
+    """(resident requests per replica, the cap, what sets it) for decode ``replicas``: offline fills the cap, a
+    closed loop spreads its clients, an open loop takes ``open_loop(ctx, work, cap, replicas)``'s fixed point."""
     cap, limit = resident_cap(ctx, work)
     if work.offline:
-        resident = cap
-    elif work.concurrency:
+        return cap, cap, limit
+    if work.concurrency:
         per = -(-work.concurrency // replicas)
-        resident, limit = (per, "load") if per <= cap else (cap, limit)
-    else:
-        resident, limit = _open_loop_resident(ctx, work, cap, replicas)
+        return (per, cap, "load") if per <= cap else (cap, cap, limit)
+    resident, limit = open_loop(ctx, work, cap, replicas)
+    return resident, cap, limit
+
+
+def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePrediction:
+    """The steady state of ``replicas`` identical replicas sharing the workload evenly."""
+    resident, cap, limit = resident_under_load(ctx, work, replicas, _open_loop_resident)
     t_d, t_p, cycle, tpot = steady_state(ctx, work, resident)
     x_req = resident / cycle  # requests/s of one replica
     service = t_p + t_d / 2 + (work.output_len - 1) * tpot
