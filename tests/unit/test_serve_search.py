@@ -170,6 +170,12 @@ BASE = ("--model", "llama3.1-70b", "--gpus", "8xh100-sxm", "--input-len", "1000"
     (("--objective", "speed"), "objective"),
     (("--ttft-ms", "-5"), "--ttft-ms"),
     (("--disagg", "maybe"), "disagg"),
+    (("--price", "-1"), "--price"),
+    (("--input-len", "0"), "--input-len"),
+    (("--percentile", "p100"), "--percentile"),
+    (("--export", "out"), "--checkpoint"),
+    (("--export", "/nonexistent/dir/out", "--checkpoint", "x/y"), "--export"),
+    (("--model", "llama3.1-70bb"), "llama3.1-70b"),
 ])
 def test_serve_bad_input_is_one_line(extra, needle):
     proc = _cli(*BASE, *extra)
@@ -245,3 +251,13 @@ def test_a_model_no_layout_holds_names_the_gpus_that_would():
     assert explain(res).nearest[0].startswith("16xh100-sxm holds it")
     proc = _cli("--model", "llama3.1-405b", "--gpus", "4xh100-sxm", "--input-len", "100", "--output-len", "100")
     assert proc.returncode == 4 and "NOTHING FITS" in proc.stdout and "16xh100-sxm holds it" in proc.stdout
+
+
+@pytest.mark.parametrize("args, needle", [(("--device", "cuda"), "CPU processes"),
+                                          (("--model", "tiny-gpt"), "RoPE")])
+def test_check_serve_refuses_what_it_cannot_run_in_one_line(args, needle, capsys):
+    from meshplan.cli import main
+
+    code = main(["check", "--serve", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
