@@ -47,8 +47,9 @@ def test_vllm_sizes_its_cache_from_total_memory():
     c = ctx_of(model="llama3.1-8b", engine="vllm")
     w = weight_bytes_per_gpu(c.model, c.plan)
     assert w == pytest.approx(8.03e9 * 2, rel=0.01)  # Llama-3.1-8B: 8.03 B parameters in bf16
-    free = 0.9 * 80e9 - w - activation_bytes(c.model, c.plan, c.engine) - c.engine.runtime_reserve_gib * GiB
-    assert kv_capacity_tokens(c) == pytest.approx(free / 131_072, abs=16)  # 32 x 2 x 8 x 128 x 2 B per token
+    free = 0.9 * 79.1 * GiB - w - activation_bytes(c.model, c.plan, c.engine) - c.engine.runtime_reserve_gib * GiB
+    # 79.1 GiB: what CUDA reports on an H100 80GB; 32 x 2 x 8 x 128 x 2 B per token, in whole 16-token blocks
+    assert kv_capacity_tokens(c) == pytest.approx(free / 131_072, abs=16)
 
 
 def test_cuda_graph_padding_is_piecewise():
@@ -114,3 +115,19 @@ def test_bad_serving_input_is_one_clear_error():
 def test_every_engine_profile_loads_and_cites_its_settings(name):
     e = catalog.engine(name)
     assert e.name == name and e.sources
+
+
+def test_device_memory_is_what_cuda_reports_where_measured():
+    """NVIDIA's "80 GB" is 80 GiB of HBM, of which CUDA shows 79.1 GiB on an H100: the catalog carries the
+    measured total with its source, and a GPU file without one falls back to the datasheet's decimal GB."""
+    from meshplan.spec.io import gpu_from_dict, gpu_to_dict
+
+    assert catalog.gpu("h100-sxm").hbm_bytes == pytest.approx(79.1 * GiB)
+    assert catalog.gpu("h200").hbm_bytes == pytest.approx(139.8 * GiB)
+    base = gpu_to_dict(catalog.gpu("mi300x"))
+    assert gpu_from_dict(base).hbm_bytes == pytest.approx(192e9)
+    with pytest.raises(SpecError, match="usable_source"):
+        gpu_from_dict({**base, "usable_gib": 190})
+    with pytest.raises(SpecError, match="usable_gib"):
+        gpu_from_dict({**base, "usable_gib": 300, "usable_source": "a measurement"})
+    assert gpu_from_dict(gpu_to_dict(catalog.gpu("h100-sxm"))) == catalog.gpu("h100-sxm")  # round trip

@@ -58,10 +58,6 @@ def finish(space: SearchSpace, tally: Tally, fitting: list[RankedPlan], *, t0: f
                         search_time_s=time.perf_counter() - t0, infeasible=infeasible, lean=lean if not top else None)
 
 
-MAX_FRONT_ROUNDS = 4
-"""Rounds of simulating the front's members before it is taken as found."""
-
-
 def pareto(space: SearchSpace, fitting: list[RankedPlan], top: list[RankedPlan]) -> list[RankedPlan]:
     """The time/memory Pareto front of the fitting plans, fastest first, every member timed as the table times
     plans (simulated when the search simulates): the front by the best time known is found, its unsimulated
@@ -70,7 +66,7 @@ def pareto(space: SearchSpace, fitting: list[RankedPlan], top: list[RankedPlan])
     req = space.request
     known = {(id(rp.cluster), rp.plan): rp for rp in top}
     plans = [known.get((id(rp.cluster), rp.plan), rp) for rp in fitting]
-    for _ in range(MAX_FRONT_ROUNDS):
+    while True:  # each round simulates at least one more plan, so it ends
         idx = pareto_front([(rp.step_time, rp.best.peak_memory) for rp in plans])
         fresh = [i for i in idx if req.simulate and plans[i].simulated is None and plans[i].plan.pp > 1]
         if not fresh:

@@ -76,18 +76,21 @@ def build(cls: type, data: dict, where: str, nested: dict[str, Any] | None = Non
 # ---------------------------------------------------------------- GPUs
 _GPU_KEYS = {"name", "generation", "peak_tflops", "hbm_gb", "hbm_tb_s", "nvlink_gb_s", "nic_gbit_s",
              "nvlink_domain", "gpus_per_node", "intra_latency_us", "nic_latency_us", "price_per_hour", "source",
-             "calibration"}
+             "calibration", "usable_gib", "usable_source"}
 
 
 def gpu_from_dict(d: dict, where: str = "gpu") -> GPUSpec:
-    """A GPU from datasheet units: TFLOP/s, GB, TB/s, bidirectional NVLink GB/s, NIC Gb/s."""
+    """A GPU from datasheet units: TFLOP/s, GB, TB/s, bidirectional NVLink GB/s, NIC Gb/s. Device memory is the
+    measured CUDA-visible total (``usable_gib``, what ``torch.cuda.get_device_properties().total_memory`` reports)
+    where the file gives one, else the datasheet's ``hbm_gb`` read as decimal GB (an under-estimate: NVIDIA's
+    "80 GB" is 80 GiB of HBM, of which CUDA sees about 79.1 GiB)."""
     check_keys(where, d, _GPU_KEYS, ("name", "generation", "peak_tflops", "hbm_gb", "hbm_tb_s", "nvlink_gb_s",
                                      "nic_gbit_s"))
     check_keys(f"{where}.peak_tflops", d["peak_tflops"], {"fp32", "tf32", "bf16", "fp16", "fp8"})
     return GPUSpec(
         name=d["name"], generation=d["generation"],
         peak=PeakFlops(**{k: float(v) * 1e12 for k, v in d["peak_tflops"].items()}),
-        hbm_bytes=float(d["hbm_gb"]) * 1e9, hbm_bandwidth=float(d["hbm_tb_s"]) * 1e12,
+        hbm_bytes=_device_memory(d, where), hbm_bandwidth=float(d["hbm_tb_s"]) * 1e12,
         # Datasheets quote NVLink as the bidirectional aggregate; one direction is half.
         intra_bandwidth=float(d["nvlink_gb_s"]) * 1e9 / 2,
         nic_bandwidth=float(d["nic_gbit_s"]) * 1e9 / 8,
@@ -96,6 +99,19 @@ def gpu_from_dict(d: dict, where: str = "gpu") -> GPUSpec:
         nic_latency=float(d.get("nic_latency_us", 8.0)) * 1e-6,
         price_per_hour=float(d.get("price_per_hour", 0.0)), source=d.get("source", ""),
         calibration=_calibration_pairs(d.get("calibration", {}), f"{where}.calibration"))
+
+
+def _device_memory(d: dict, where: str) -> float:
+    """Bytes of device memory an engine or allocator can size against (see ``gpu_from_dict``)."""
+    if "usable_gib" not in d:
+        return float(d["hbm_gb"]) * 1e9
+    usable = float(d["usable_gib"]) * 2**30
+    if not 0 < usable <= 1.1 * float(d["hbm_gb"]) * 2**30:
+        raise SpecError(f"{where}.usable_gib", d["usable_gib"], f"must be positive and at most the {d['hbm_gb']} "
+                        "GiB of HBM the datasheet names")
+    if not d.get("usable_source"):
+        raise SpecError(f"{where}.usable_source", "", "must say where the measured usable_gib comes from")
+    return usable
 
 
 def _calibration_pairs(d: dict, where: str) -> tuple[tuple[str, float], ...]:
