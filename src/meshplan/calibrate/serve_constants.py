@@ -1,4 +1,5 @@
-"""The serving model's fitted constants: HBM efficiency of decode steps per GPU generation and host time per
+"""The serving model's fitted constants: HBM efficiency of decode steps and the prefill attention's share of peak
+per GPU generation, and host time per
 engine step per engine family, in ``serve_constants.toml`` (written by ``scripts/fit_serving.py``, never by
 hand)."""
 
@@ -9,8 +10,9 @@ from functools import lru_cache
 from importlib import resources
 
 FILE = "serve_constants.toml"
-TABLES = ("decode_mem_eff", "step_host_s", "request_s")
-"""decode_mem_eff: by GPU generation; step_host_s and request_s: by engine profile name or family."""
+TABLES = ("decode_mem_eff", "prefill_attn_eff", "step_host_s", "request_s")
+"""decode_mem_eff and prefill_attn_eff: by GPU generation; step_host_s and request_s: by engine profile name or
+family."""
 
 
 @lru_cache(maxsize=1)

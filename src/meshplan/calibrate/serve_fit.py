@@ -15,8 +15,11 @@ from meshplan.calibrate.serve_validate import predict_row, row_engine
 from meshplan.errors import MeshplanError
 
 GRIDS = {"decode_mem_eff": [0.5 + 0.05 * i for i in range(10)],
+         "prefill_attn_eff": [0.3 + 0.05 * i for i in range(10)],
          "step_host_s": [0.0005 * i for i in range(11)]}
-"""Searched values: HBM efficiency 0.50-0.95; host time per step 0-5 ms. ``request_s`` (time outside the engine)
+"""Searched values: HBM efficiency 0.50-0.95; prefill attention 0.30-0.75 of the 16-bit peak (the physical
+range of forward kernels: FlashAttention-2 forward reaches 50-73 % on A100, Dao 2023; FlashAttention-3 up to 75 %
+on H100, Shah et al. 2024); host time per step 0-5 ms. ``request_s`` (time outside the engine)
 is not fitted: the single-client TTFT rows, where it would show, are met within 5 % without it, and the rows that
 would pull it up are those whose queueing the model under-predicts (high concurrency), which it must not hide."""
 GROUPS = {"ttft_ms": "ttft", "itl_ms": "token", "tpot_ms": "token", "e2e_latency_s": "token",
@@ -54,7 +57,7 @@ def keys(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
             engines.setdefault(row_engine(row).name, []).append(row)
         except MeshplanError:
             continue
-    return {"decode_mem_eff": gens, "step_host_s": engines}
+    return {"decode_mem_eff": gens, "prefill_attn_eff": gens, "step_host_s": engines}
 
 
 def fit_serving(path: str | Path, rounds: int = 2) -> dict:

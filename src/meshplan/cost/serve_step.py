@@ -65,6 +65,11 @@ def step_context(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EnginePr
     mem = constants.get("decode_mem_eff", {}).get(pool.gpu.generation)
     if mem:
         calib = calib.with_(mem_eff=mem)
+    # A prefill runs attention forward only, in the engine's fused kernels (TRT-LLM FMHA, FlashInfer, FA3 on
+    # Hopper), whose efficiency is not the training fit's forward+backward average of the training stacks' kernels
+    att = constants.get("prefill_attn_eff", {}).get(pool.gpu.generation)
+    if att:
+        calib = calib.with_(attn_eff=att)
 
     def per_engine(table: str) -> float:
         # A profile's own constant, else its family's (vllm, sglang, trtllm), else none.
