@@ -7,6 +7,7 @@ commands; this module knows nothing of any engine's flags.
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 from dataclasses import dataclass, fields
@@ -271,3 +272,28 @@ def header(*, job: ServeJob, target: str, what: str, approximations: list[str]) 
     else:
         lines.append("exact: the engine expresses every part of the plan")
     return lines
+
+
+def to_yaml(value, indent: int = 0) -> list[str]:
+    """Block-style YAML of nested dicts of scalars and flat lists (all these option files hold)."""
+    out, pad = [], " " * indent
+    for key, v in value.items():
+        if isinstance(v, dict):
+            out += [f"{pad}{key}:", *to_yaml(v, indent + 2)]
+        else:
+            out.append(f"{pad}{key}: {_scalar(v)}")
+    return out
+
+
+def _scalar(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):  # strings quoted: a flow list item may not hold ", [ ] #" bare
+        return "[" + ", ".join(json.dumps(x) if isinstance(x, str) else _scalar(x) for x in v) + "]"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, str) and (":" in v or _is_number(v)):  # quoted: a number-like string stays a string
+        return json.dumps(v)
+    return str(v)

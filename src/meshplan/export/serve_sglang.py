@@ -30,6 +30,7 @@ from meshplan.export.serve_common import (
     script,
     visible_devices,
 )
+from meshplan.export.serve_dynamo import DYNAMO_FILE, deployment
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,8 +87,12 @@ def export(job: ServeJob) -> tuple[dict[str, str], list[str]]:
     target = f"SGLang {version} (python -m sglang.launch_server)"
     approx = notes + _approximations(job, rel)
     launches, comments = _launches(job, rel)
-    files = {"launch.sh": script(header=header(job=job, target=target, what="serving launch",
-                                              approximations=approx), launches=launches, notes=comments)}
+    head = header(job=job, target=target, what="serving launch", approximations=approx)
+    files = {"launch.sh": script(header=head, launches=launches, notes=comments)}
+    if job.disaggregated:
+        files[DYNAMO_FILE], more = deployment(job, "sglang", {p.role: server_args(job, rel, p) for p in job.pools},
+                                              head)
+        approx += more
     closed = bool(job.work.concurrency)
     bench_notes = [f"endpoint: http://{HOST}:{PORT}"]
     if closed and not rel.bench_concurrency:

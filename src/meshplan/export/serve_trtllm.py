@@ -30,8 +30,10 @@ from meshplan.export.serve_common import (
     port_span,
     replica_nodes,
     script,
+    to_yaml,
     visible_devices,
 )
+from meshplan.export.serve_dynamo import DYNAMO_FILE, deployment
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +87,9 @@ def export(job: ServeJob) -> tuple[dict[str, str], list[str]]:
     files: dict[str, str] = {}
     launches, comments = _launches(job, rel, files, head)
     files["launch.sh"] = script(header=head, launches=launches, notes=comments)
+    if job.disaggregated:
+        files[DYNAMO_FILE], more = deployment(job, "trtllm", {p.role: dynamo_args(job, p) for p in job.pools}, head)
+        approx += more
     client = vllm_bench(job, backend="openai", port=PORT)
     files["bench.sh"] = bench_file(job, client=client, target=f"{VLLM_CLIENT} against {target}", notes=[
         f"endpoint: http://{HOST}:{PORT}/v1/completions (trtllm-serve's OpenAI API; its CompletionRequest takes "
@@ -150,6 +155,19 @@ def serve_args(job: ServeJob, rel: TrtllmRelease, pool: Pool, *, yaml_name: str)
     return args
 
 
+def dynamo_args(job: ServeJob, pool: Pool) -> list[str]:
+    """dynamo.trtllm's options of one worker of ``pool`` (ai-dynamo/dynamo 0.6.1 components/src/dynamo/trtllm
+    argument parser: the layout and sizes as flags, the rest in the pool's LLM-API file)."""
+    e, p = job.engine, pool.plan
+    args = ["--tensor-parallel-size", str(p.tp), "--pipeline-parallel-size", str(p.pp)]
+    if p.ep > 1 and job.model.is_moe:
+        args += ["--expert-parallel-size", str(p.ep)]
+    return args + ["--kv-block-size", str(e.block_size), "--max-batch-size", str(e.max_num_seqs),
+                   "--max-num-tokens", str(e.max_batched_tokens), "--max-seq-len", str(context_len(job)),
+                   "--free-gpu-memory-fraction", f"{e.kv_memory_fraction:g}",
+                   "--extra-engine-args", f"extra_llm_api_options.{pool.role}.yaml"]
+
+
 def graph_sizes(max_batch: int, step: int) -> list[int]:
     """Captured decode batch sizes: 1, 2, 4, then multiples of ``step`` up to ``max_batch`` (EngineProfile
     .graph_batch pads to these)."""
@@ -173,31 +191,6 @@ def llm_api_options(job: ServeJob, pool: Pool) -> dict:
     if pool.role != "serve":
         opts["cache_transceiver_config"] = {"backend": "DEFAULT"}
     return opts
-
-
-def to_yaml(value, indent: int = 0) -> list[str]:
-    """Block-style YAML of nested dicts of scalars and flat lists (all these option files hold)."""
-    out, pad = [], " " * indent
-    for key, v in value.items():
-        if isinstance(v, dict):
-            out += [f"{pad}{key}:", *to_yaml(v, indent + 2)]
-        else:
-            out.append(f"{pad}{key}: {_scalar(v)}")
-    return out
-
-
-def _scalar(v) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, list):
-        return "[" + ", ".join(_scalar(x) for x in v) + "]"
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, str) and ":" in v:
-        return f'"{v}"'
-    return str(v)
 
 
 def _yaml_file(head: list[str], what: str, body: dict) -> str:

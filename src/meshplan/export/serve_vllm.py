@@ -29,6 +29,7 @@ from meshplan.export.serve_common import (
     script,
     visible_devices,
 )
+from meshplan.export.serve_dynamo import DYNAMO_FILE, deployment
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,8 +77,11 @@ def export(job: ServeJob) -> tuple[dict[str, str], list[str]]:
     target = f"vLLM {version} (vllm serve, OpenAI-compatible API server)"
     approx = notes + _approximations(job, rel)
     launches, comments = _launches(job, rel)
-    files = {"launch.sh": script(header=header(job=job, target=target, what="serving launch",
-                                              approximations=approx), launches=launches, notes=comments)}
+    head = header(job=job, target=target, what="serving launch", approximations=approx)
+    files = {"launch.sh": script(header=head, launches=launches, notes=comments)}
+    if job.disaggregated:
+        files[DYNAMO_FILE], more = deployment(job, "vllm", {p.role: engine_args(job, rel, p) for p in job.pools}, head)
+        approx += more
     client = vllm_bench(job, backend="vllm", port=PORT)
     bench_notes = [VLLM_060_CLIENT_NOTE] if version == "0.6.0" else []
     files["bench.sh"] = bench_file(job, client=client, target=f"{VLLM_CLIENT} against {target}",
@@ -238,5 +242,5 @@ def _disaggregated(job: ServeJob, rel: VllmRelease, places: dict) -> tuple[list[
              f"{port_span(PORT + 200, decode.replicas)}: a proxy on port {PORT} must send each request to a prefill "
              "instance (max_tokens=1, kv_transfer_params do_remote_decode) and then to a decode instance with the "
              "returned kv_transfer_params; vLLM ships only a test one (tests/v1/kv_connector/nixl_integration/"
-             "toy_proxy_server.py); llm-d or NVIDIA Dynamo do it in production (not exported here)"]
+             "toy_proxy_server.py); for production, dynamo_disagg.yaml deploys the same pools under NVIDIA Dynamo"]
     return launches, notes
