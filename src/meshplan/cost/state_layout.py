@@ -1,0 +1,300 @@
+"""Where a training job's persistent state lives under a plan: every parameter tensor of the model, each state
+kind kept for it (16-bit weights, fp32 master, Adam moments) and, for every rank of the plan, the box of that
+tensor it holds, as fractions of the tensor's dims.
+
+This is DynaTrain's virtual parameter space (arXiv 2605.18815 sec. 3; ElasticMegatron
+``resharding/virtual_param.py``) and DCP's chunk metadata (torch 2.13 ``checkpoint/planner_helpers.py``) in one
+vectorised form: a layout is a grid over (layer slots, experts, rows, cols), so a transition between two layouts
+is an intersection of boxes, computed for all ranks at once with numpy. Sharding follows the runtime and
+Megatron-Core: tensor parallelism splits a column-parallel weight's output dim (rows) and a row-parallel one's
+input dim (cols) (Shoeybi et al. 2019 sec. 3); ZeRO/FSDP split the tensor-parallel shard's dim 0 over the ZeRO
+group (FSDP2 ``Shard(0)`` / ``_StridedShard``; Megatron's distributed optimizer shards each gradient bucket
+evenly over dp x cp, taken here with one bucket per tensor); experts split by expert index over ep and by FFN
+width over etp (``runtime/build.py::expert_mesh``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from meshplan.cost.memory import bytes_per_param
+from meshplan.spec.checks import layer_split
+from meshplan.spec.framework import FrameworkProfile
+from meshplan.spec.model import LayerSpec, ModelSpec
+from meshplan.spec.plan import Plan
+from meshplan.spec.schedules import rank_stages
+
+NEVER = 99
+"""ZeRO stage of a state kind that no ZeRO stage shards."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateTensor:
+    """One parameter tensor, repeated once per layer slot in [slot_lo, slot_hi)."""
+
+    name: str
+    """Block and role, e.g. ``decoder.qkv``."""
+    elems: float
+    """Elements of one copy (all experts together for expert tensors)."""
+    tp_dim: int | None
+    """Dim tensor parallelism splits: 0 (rows, column-parallel), 1 (cols, row-parallel), None (replicated)."""
+    expert: bool
+    """Routed-expert weights (split over ep by expert, over etp by FFN width)."""
+    slot_lo: int
+    """First layer slot (0 = the input embedding, 1..L the decoder layers, L+1 the output head)."""
+    slot_hi: int
+    """One past the last slot."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateKind:
+    """One kind of per-parameter state."""
+
+    name: str
+    """``w16`` (16-bit compute weights), ``master`` (fp32 weights) or ``moments`` (Adam m and v)."""
+    bytes: float
+    """Bytes per parameter."""
+    zero_stage: int
+    """Smallest ZeRO stage that shards it (NEVER: replicated over dp whatever the stage)."""
+
+
+def state_kinds(plan: Plan, stack: FrameworkProfile) -> tuple[StateKind, ...]:
+    """The state kinds a plan keeps, with the bytes of ``cost.memory.bytes_per_param`` (ZeRO paper sec. 3.1:
+    2 B weights + 12 B optimizer; FSDP2 and fp32 training keep fp32 weights as the master, sharded from stage 3)."""
+    w, _, o = bytes_per_param(plan, stack)
+    if plan.precision == "fp32" or plan.zero == 3:
+        return (StateKind(name="master", bytes=w, zero_stage=3), StateKind(name="moments", bytes=o, zero_stage=1))
+    return (StateKind(name="w16", bytes=w, zero_stage=NEVER), StateKind(name="master", bytes=4.0, zero_stage=1),
+            StateKind(name="moments", bytes=o - 4.0, zero_stage=1))
+
+
+def _layer_tensors(layer: LayerSpec) -> list[tuple[str, float, int | None, bool]]:
+    """(role, elements, tp dim, expert) of one layer's tensors; they sum to ``cost.memory.layer_params``."""
+    h, out = layer.hidden, []
+    att = layer.attention
+    if att is not None:
+        if att.kind == "mla":  # Megatron MLA: down-projections replicated over tp, up-projections column-parallel
+            if att.q_lora_rank:
+                out += [("q_down", h * att.q_lora_rank, None), ("q_up", att.q_lora_rank * att.n_heads * att.qk_dim, 0)]
+            else:
+                out.append(("q", h * att.n_heads * att.qk_dim, 0))
+            out += [("kv_down", h * (att.kv_lora_rank + att.qk_rope_head_dim), None),
+                    ("kv_up", att.kv_lora_rank * att.n_heads * (att.head_dim + att.v_dim), 0)]
+        else:
+            out.append(("qkv", h * (att.n_heads + 2 * att.n_kv_heads) * att.head_dim, 0))
+        out += [("proj", att.n_heads * att.v_dim * h, 1), ("norm1", 2 * h, None)]
+    if layer.in_hidden and layer.in_hidden != h:
+        out.append(("in_proj", layer.in_hidden * h, None))
+    mats = 3 if layer.gated else 2
+    if layer.moe is not None:
+        moe = layer.moe
+        shared = h * moe.shared_width * moe.n_shared_experts
+        out += [("router", h * moe.n_experts, None), ("shared_up", (mats - 1) * shared, 0),
+                ("shared_down", shared, 1)]
+        per = moe.n_experts * h * moe.expert_ffn_hidden
+        out = [(n, e, d, False) for n, e, d in out] + [("experts_up", (mats - 1) * per, 0, True),
+                                                       ("experts_down", per, 1, True)]
+    else:
+        out += [("ffn_up", (mats - 1) * h * layer.ffn_hidden, 0), ("ffn_down", h * layer.ffn_hidden, 1)]
+        out = [(n, e, d, False) for n, e, d in out]
+    out.append(("norm2", 2 * h, None, False))
+    if layer.bias:
+        out.append(("bias", 4 * h + layer.ffn_hidden, None, False))
+    return [t for t in out if t[1] > 0]
+
+
+@lru_cache(maxsize=64)
+def state_tensors(model: ModelSpec) -> tuple[StateTensor, ...]:
+    """Every parameter tensor of the model over the slot space: embedding at slot 0, the decoder layers in order,
+    the output head at slot L+1 (absent when tied: the embedding serves both)."""
+    out = [StateTensor(name="embedding", elems=model.vocab * model.hidden, tp_dim=0, expert=False, slot_lo=0,
+                       slot_hi=1)]
+    slot = 1
+    for block in model.blocks:
+        for role, elems, dim, expert in _layer_tensors(block.layer):
+            out.append(StateTensor(name=f"{block.name}.{role}", elems=elems, tp_dim=dim, expert=expert,
+                                   slot_lo=slot, slot_hi=slot + block.n_layers))
+        slot += block.n_layers
+    if not model.tied_embeddings:
+        out.append(StateTensor(name="head", elems=model.vocab * model.hidden, tp_dim=0, expert=False, slot_lo=slot,
+                               slot_hi=slot + 1))
+    return tuple(out)
+
+
+@lru_cache(maxsize=64)
+def state_groups(model: ModelSpec) -> tuple[StateTensor, ...]:
+    """The tensors merged where they shard alike (same slots, tp dim and expert flag): every box and every
+    overlap is the same for them, so a transition sums their elements once (exact, and half the work)."""
+    groups: dict = {}
+    for t in state_tensors(model):
+        key = (t.slot_lo, t.slot_hi, t.tp_dim, t.expert)
+        if key in groups:
+            g = groups[key]
+            groups[key] = StateTensor(name=f"{g.name}+{t.name.split('.')[-1]}", elems=g.elems + t.elems,
+                                      tp_dim=t.tp_dim, expert=t.expert, slot_lo=t.slot_lo, slot_hi=t.slot_hi)
+        else:
+            groups[key] = t
+    return tuple(groups.values())
+
+
+def _digits(plan: Plan, ranks: np.ndarray) -> dict[str, np.ndarray]:
+    """Mesh coordinates of logical ranks: mixed radix over ``plan.rank_order`` (fastest first), dp split into
+    (dp_shard fast, dp_replicate slow) as ``runtime/mesh.py`` builds it."""
+    sizes = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp, "ep": 1}
+    out, rem = {}, ranks.copy()
+    for axis in plan.rank_order.split("-"):
+        out[axis], rem = rem % sizes[axis], rem // sizes[axis]
+    out["dp_shard"], out["dp_replicate"] = out["dp"] % plan.shard_group, out["dp"] // plan.shard_group
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Geometry:
+    """A plan's state placement for all its logical ranks (arrays indexed by logical rank)."""
+
+    plan: Plan
+    """The layout."""
+    kinds: tuple[StateKind, ...]
+    """State kinds it keeps."""
+    pp: np.ndarray
+    """Pipeline coordinate."""
+    ranges: np.ndarray
+    """[pp, chunks, 2] slot ranges each pipeline rank holds."""
+    tp: np.ndarray
+    """Tensor-parallel coordinate."""
+    zero: np.ndarray
+    """Index in the dense ZeRO group (dp_shard x cp, ``Plan.zero_group``)."""
+    ep: np.ndarray
+    """Expert-parallel coordinate."""
+    etp: np.ndarray
+    """Experts' tensor-parallel coordinate."""
+    ezero: np.ndarray
+    """Index in the experts' ZeRO group (``Plan.expert_zero_group``)."""
+
+    @property
+    def n_ranks(self) -> int:
+        """Ranks of the layout."""
+        return int(self.pp.shape[0])
+
+    def kind(self, name: str) -> StateKind | None:
+        """The state kind called ``name``, or None when the plan keeps none."""
+        return next((k for k in self.kinds if k.name == name), None)
+
+
+def _ranges(model: ModelSpec, plan: Plan) -> np.ndarray:
+    split = layer_split(model, plan)
+    starts = np.concatenate([[0], np.cumsum(split)]) + 1
+    lo, hi = starts[:-1].copy(), starts[1:].copy()
+    lo[0], hi[-1] = 0, hi[-1] + 1  # the embedding rides with the first stage, the head with the last
+    held = rank_stages(plan.schedule_name, pp=plan.pp, n_stages=plan.n_stages)
+    width = max(len(s) for s in held)
+    out = np.zeros((plan.pp, width, 2), dtype=np.int64)
+    for p, stages in enumerate(held):
+        for c, s in enumerate(stages):
+            out[p, c] = (lo[s], hi[s])
+    return out
+
+
+def geometry(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> Geometry:
+    """Coordinates of every logical rank of ``plan`` (Megatron's expert layout: within a stage, ranks in rank
+    order are cut into (expert replica, ep, etp) with etp fastest, tp moved innermost when etp = tp)."""
+    r = np.arange(plan.n_gpus, dtype=np.int64)
+    d = _digits(plan, r)
+    order = [a for a in plan.rank_order.split("-") if a not in ("pp", "ep")]
+    zero_axes = [("dp_shard", plan.shard_group) if a == "dp" else (a, plan.cp) for a in order if a in ("dp", "cp")]
+    zero, stride = np.zeros_like(r), 1
+    for axis, size in zero_axes:
+        zero, stride = zero + d[axis] * stride, stride * size
+    local_axes = [("tp", plan.tp)] if plan.etp > 1 else []
+    for a in order:
+        if a == "dp":
+            local_axes += [("dp_shard", plan.shard_group), ("dp_replicate", plan.dp_replicate)]
+        elif a == "cp" or (a == "tp" and plan.etp == 1):
+            local_axes.append((a, plan.cp if a == "cp" else plan.tp))
+    q, stride = np.zeros_like(r), 1
+    for axis, size in local_axes:
+        q, stride = q + d[axis] * stride, stride * size
+    ezero_n = plan.expert_zero_group
+    return Geometry(plan=plan, kinds=state_kinds(plan, stack), pp=d["pp"], ranges=_ranges(model, plan), tp=d["tp"],
+                    zero=zero if plan.zero else np.zeros_like(r), ep=(q // plan.etp) % plan.ep, etp=q % plan.etp,
+                    ezero=(q // (plan.etp * plan.ep)) % ezero_n)
+
+
+@dataclass(frozen=True)
+class Boxes:
+    """One tensor's state box on a set of ranks: fractions of (experts, rows, cols) and an integer key that is
+    equal exactly when two ranks hold the same box."""
+
+    e: tuple[np.ndarray, np.ndarray]
+    rows: tuple[np.ndarray, np.ndarray]
+    cols: tuple[np.ndarray, np.ndarray]
+    key: np.ndarray
+
+    def area(self) -> np.ndarray:
+        """Fraction of the tensor (per slot) each rank holds."""
+        return (self.e[1] - self.e[0]) * (self.rows[1] - self.rows[0]) * (self.cols[1] - self.cols[0])
+
+    def take(self, idx: np.ndarray) -> "Boxes":
+        """The boxes of ranks ``idx``."""
+        return Boxes((self.e[0][idx], self.e[1][idx]), (self.rows[0][idx], self.rows[1][idx]),
+                     (self.cols[0][idx], self.cols[1][idx]), self.key[idx])
+
+
+def _span(lo_a, hi_a, lo_b, hi_b) -> np.ndarray:
+    return np.clip(np.minimum(hi_a, hi_b) - np.maximum(lo_a, lo_b), 0.0, None)
+
+
+def overlap_area(a: Boxes, b: Boxes) -> np.ndarray:
+    """Fraction of the tensor two boxes share (elementwise over ranks)."""
+    return _span(*a.e, *b.e) * _span(*a.rows, *b.rows) * _span(*a.cols, *b.cols)
+
+
+def boxes(g: Geometry, t: StateTensor, kind: StateKind) -> Boxes:
+    """Box of tensor ``t``'s state ``kind`` on every logical rank of ``g``."""
+    plan, n = g.plan, g.n_ranks
+    one, zero = np.ones(n), np.zeros(n)
+    parts, idx = (plan.etp, g.etp) if t.expert else (plan.tp, g.tp)
+    e = (g.ep / plan.ep, (g.ep + 1) / plan.ep) if t.expert else (zero, one)
+    dims = [(zero, one), (zero, one)]
+    if t.tp_dim is not None and parts > 1:
+        dims[t.tp_dim] = (idx / parts, (idx + 1) / parts)
+    zn, zi = (plan.expert_zero_group, g.ezero) if t.expert else (plan.zero_group, g.zero)
+    sharded = plan.zero >= kind.zero_stage and zn > 1
+    if sharded:
+        lo, hi = dims[0]
+        w = (hi - lo) / zn
+        dims[0] = (lo + zi * w, lo + (zi + 1) * w)
+    key = g.pp.copy()
+    for used, size, val in ((t.expert, plan.ep, g.ep), (t.tp_dim is not None, parts, idx), (sharded, zn, zi)):
+        if used:
+            key = key * size + val
+    return Boxes(e, dims[0], dims[1], key)
+
+
+def slots_held(g: Geometry, t: StateTensor, ranks: np.ndarray) -> np.ndarray:
+    """Copies of tensor ``t`` (layer slots) each of ``ranks`` holds under ``g``."""
+    r = g.ranges[g.pp[ranks]]
+    return np.clip(np.minimum(r[..., 1], t.slot_hi) - np.maximum(r[..., 0], t.slot_lo), 0, None).sum(axis=-1)
+
+
+def slots_common(ga: Geometry, ra: np.ndarray, gb: Geometry, rb: np.ndarray, t: StateTensor) -> np.ndarray:
+    """Slots of tensor ``t`` that rank ra[i] holds under ``ga`` and rank rb[i] holds under ``gb``."""
+    a = ga.ranges[ga.pp[ra]][:, :, None, :]
+    b = gb.ranges[gb.pp[rb]][:, None, :, :]
+    lo = np.maximum(np.maximum(a[..., 0], b[..., 0]), t.slot_lo)
+    hi = np.minimum(np.minimum(a[..., 1], b[..., 1]), t.slot_hi)
+    return np.clip(hi - lo, 0, None).sum(axis=(1, 2))
+
+
+def resident_bytes(g: Geometry, tensors: tuple[StateTensor, ...]) -> np.ndarray:
+    """Persistent state bytes (weights and optimizer) on every logical rank."""
+    ranks = np.arange(g.n_ranks)
+    out = np.zeros(g.n_ranks)
+    for t in tensors:
+        n = slots_held(g, t, ranks)
+        for k in g.kinds:
+            out += n * boxes(g, t, k).area() * t.elems * k.bytes
+    return out

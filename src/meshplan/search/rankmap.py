@@ -1,0 +1,228 @@
+"""Which GPU plays which rank of the new layout: the assignment that keeps the most state where it already is.
+
+The same pair of layouts can move almost nothing or almost all optimizer state depending on the rank map
+(``shared/notes/elastic.md`` sec. 4.3); every system in use takes a fixed order (torchrun renumbers survivors in
+order; ElasticMegatron ``get_global_rank``). The search here keeps the new layout's step time unchanged: it maps
+whole scale-up domains onto whole domains (so every group keeps its span and its link) and permutes the slots
+inside a domain the same way on every domain (so NIC rails stay aligned). Two choices:
+
+1. the slot permutation: digit permutations of the domain's mixed radix (for 8 GPUs, the 6 orders of its three
+   binary digits: ``t' = (r mod 8) div 2`` keeps half of a TP-8 shard on each TP-4 rank where ``r mod 4`` keeps
+   none), scored on the diagonal of the domain map;
+2. the domain map: a monotone alignment of the surviving domains (in old rank order) with the new layout's
+   domains that maximises the bytes kept, by dynamic programming in a band around the proportional diagonal
+   (sequence alignment with free gaps; a new domain left unmatched takes an added or idle one). It finds the
+   stage-aligned map after a loss (each stage drops one domain instead of every later rank shifting) and the
+   interleaved one after growth (old replica d plays new replica 2d).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.cost.state_layout import Geometry, StateTensor, boxes, overlap_area, slots_common
+
+NEG = -1e300
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankMap:
+    """The chosen assignment and what it keeps."""
+
+    phys: np.ndarray
+    """GPU id of each new logical rank."""
+    slot_order: tuple[int, ...]
+    """Position in its domain of each new local rank (identity = torchrun's order)."""
+    kept: float
+    """State bytes that stay on their GPU."""
+    kept_default: float
+    """Bytes the default order (survivors renumbered in order) keeps."""
+
+
+def kept_bytes(a: Geometry, a_rank: np.ndarray, b: Geometry, b_rank: np.ndarray,
+               tensors: tuple[StateTensor, ...]) -> np.ndarray:
+    """Bytes of the new rank ``b_rank[i]``'s state that old rank ``a_rank[i]`` (-1: none) already holds."""
+    ok = a_rank >= 0
+    ar = np.maximum(a_rank, 0)
+    out = np.zeros(b_rank.shape[0])
+    for t in tensors:
+        common = slots_common(a, ar, b, b_rank, t)
+        for kb in b.kinds:
+            ka = a.kind(kb.name) or a.kind("master")
+            area = overlap_area(boxes(a, t, ka).take(ar), boxes(b, t, kb).take(b_rank))
+            out += np.where(ok, common * area, 0.0) * t.elems * kb.bytes
+    return out
+
+
+def slot_orders(domain: int) -> list[tuple[int, ...]]:
+    """Local permutations: every order of the digits of the domain's prime factorisation (identity first)."""
+    primes, n, p = [], domain, 2
+    while n > 1:
+        while n % p == 0:
+            primes.append(p)
+            n //= p
+        p += 1
+    out = []
+    for perm in itertools.permutations(range(len(primes))):
+        order = []
+        for k in range(domain):
+            digits, rem = [], k
+            for q in primes:
+                digits.append(rem % q)
+                rem //= q
+            new, stride = 0, 1  # digit perm[i] of k becomes digit i of the new index
+            for i in range(len(primes)):
+                new += digits[perm[i]] * stride
+                stride *= primes[perm[i]]
+            order.append(new)
+        if tuple(order) not in out:
+            out.append(tuple(order))
+    return out or [tuple(range(domain))]
+
+
+@dataclass(frozen=True)
+class _World:
+    """Old state per GPU id and the domains of GPU ids."""
+
+    inv: np.ndarray      # GPU id -> old logical rank (-1: none or lost)
+    full: list           # domains whose every GPU is usable, ordered by their first old rank
+    blank: list          # usable domains holding nothing
+    domain: int
+
+
+def _world(a_phys: np.ndarray, usable: np.ndarray, lost: np.ndarray, domain: int) -> _World:
+    universe = int(max(a_phys.max(), usable.max())) + 1
+    inv = np.full(universe, -1, dtype=np.int64)
+    inv[a_phys] = np.arange(a_phys.shape[0])
+    inv[lost] = -1
+    ok = np.zeros(universe, dtype=bool)
+    ok[usable] = True
+    ok[lost] = False
+    full, blank = [], []
+    for d in range(universe // domain + (universe % domain > 0)):
+        ids = np.arange(d * domain, min((d + 1) * domain, universe))
+        if ids.shape[0] == domain and ok[ids].all():
+            (full if (inv[ids] >= 0).any() else blank).append(d)
+    full.sort(key=lambda d: int(inv[d * domain:(d + 1) * domain].max()))
+    return _World(inv=inv, full=full, blank=blank, domain=domain)
+
+
+def _scores(w: _World, a: Geometry, b: Geometry, tensors, order, pairs: np.ndarray) -> np.ndarray:
+    """Kept bytes of new domain j on surviving domain full[i], for (i, j) rows of ``pairs``."""
+    g = w.domain
+    slots = np.arange(g)
+    gpu = (np.asarray(w.full)[pairs[:, 0]][:, None] * g + slots[None, :]).ravel()
+    new = (pairs[:, 1][:, None] * g + np.asarray(order)[None, :]).ravel()
+    inside = new < b.n_ranks
+    kept = kept_bytes(a, np.where(inside, w.inv[gpu], -1), b, np.minimum(new, b.n_ranks - 1), tensors)
+    return np.where(inside, kept, 0.0).reshape(-1, g).sum(axis=1)
+
+
+def _align(w: _World, a, b, tensors, order, n_new: int) -> list[int | None]:
+    """Surviving domain index (into ``w.full``) for each new domain, or None (takes a blank/idle one)."""
+    n_old = len(w.full)
+    if n_old == 0:
+        return [None] * n_new
+    band = 3 + int(np.ceil(n_old / n_new))
+    centre = np.round(np.arange(n_new) * n_old / n_new).astype(np.int64)
+    offs = np.arange(-band, band + 1)
+    ii = centre[:, None] + offs[None, :]
+    okm = (ii >= 0) & (ii < n_old)
+    jj = np.broadcast_to(np.arange(n_new)[:, None], ii.shape)
+    pairs = np.stack([ii[okm], jj[okm]], axis=1)
+    s = np.full((n_new, n_old), NEG)
+    s[pairs[:, 1], pairs[:, 0]] = _scores(w, a, b, tensors, order, pairs)
+    best = np.zeros((n_new + 1, n_old + 1))  # best[j, i]: first j new domains on the first i old ones
+    take = np.zeros((n_new, n_old + 1), dtype=bool)
+    for j in range(n_new):
+        prev = np.maximum.accumulate(best[j])  # old domains may idle
+        match = np.full(n_old + 1, NEG)
+        match[1:] = prev[:-1] + s[j]
+        take[j] = match > prev
+        best[j + 1] = np.maximum(prev, match)
+    out: list[int | None] = [None] * n_new
+    i = int(np.argmax(best[n_new]))
+    for j in range(n_new - 1, -1, -1):
+        if take[j, i]:
+            out[j] = i - 1
+            i -= 1
+        i = int(np.argmax(best[j, :i + 1]))
+    return out
+
+
+def _place(w: _World, match: list, order, n_ranks: int) -> np.ndarray:
+    """GPU ids of the new logical ranks from a domain match (unmatched ones take blank, then idle domains)."""
+    g = w.domain
+    used = {m for m in match if m is not None}
+    spare = list(w.blank) + [w.full[i] for i in range(len(w.full)) if i not in used]
+    phys = np.full(n_ranks, -1, dtype=np.int64)
+    for j, m in enumerate(match):
+        dom = w.full[m] if m is not None else spare.pop(0)
+        for k in range(g):
+            r = j * g + order[k]
+            if r < n_ranks:
+                phys[r] = dom * g + k
+    return phys
+
+
+def digit_rotations(n: int) -> list[np.ndarray]:
+    """Domain orders that rotate the digits of the domain index's prime factorisation (for 8 domains,
+    j = (d0 d1 p) -> (p d0 d1): old replica 2d'+p plays new replica d' of stage p, which no monotone map can)."""
+    primes, m, p = [], n, 2
+    while m > 1 and p <= m:
+        while m % p == 0:
+            primes.append(p)
+            m //= p
+        p += 1
+    j = np.arange(n)
+    digits, rem = [], j.copy()
+    for q in primes:
+        digits.append(rem % q)
+        rem //= q
+    out = []
+    for r in range(1, len(primes)):
+        perm = primes[r:] + primes[:r]
+        dig = digits[r:] + digits[:r]
+        idx, stride = np.zeros(n, dtype=np.int64), 1
+        for q, d in zip(perm, dig):
+            idx, stride = idx + d * stride, stride * q
+        out.append(idx)
+    return out
+
+
+def default_phys(usable: np.ndarray, lost: np.ndarray, n_ranks: int) -> np.ndarray:
+    """torchrun's order: the usable GPUs that are not lost, renumbered in id order."""
+    ids = np.setdiff1d(usable, lost)
+    return ids[:n_ranks]
+
+
+def choose_rank_map(a: Geometry, a_phys: np.ndarray, b: Geometry, *, usable: np.ndarray, lost: np.ndarray,
+                    domain: int, tensors: tuple[StateTensor, ...]) -> RankMap:
+    """The assignment of the new layout's ranks to ``usable`` GPU ids that keeps the most state in place."""
+    w = _world(a_phys, usable, lost, domain)
+    base = default_phys(usable, lost, b.n_ranks)
+    kept_default = float(kept_bytes(a, w.inv[base], b, np.arange(b.n_ranks), tensors).sum())
+    n_new = -(-b.n_ranks // domain)
+    if n_new > len(w.full) + len(w.blank):
+        return RankMap(phys=base, slot_order=tuple(range(domain)), kept=kept_default, kept_default=kept_default)
+    n_old = max(len(w.full), 1)
+    diag = np.stack([np.minimum(np.round(np.arange(n_new) * n_old / n_new), len(w.full) - 1),
+                     np.arange(n_new)], axis=1).astype(np.int64)
+    orders = slot_orders(domain)
+    order = orders[0] if not w.full else max(orders, key=lambda o: _scores(w, a, b, tensors, o, diag).sum())
+    matches = [_align(w, a, b, tensors, order, n_new)]
+    if len(w.full) == n_new:
+        matches += [list(rot) for rot in digit_rotations(n_new)]
+    best = None
+    for match in matches:
+        phys = _place(w, match, order, b.n_ranks)
+        kept = float(kept_bytes(a, w.inv[phys], b, np.arange(b.n_ranks), tensors).sum())
+        if best is None or kept > best[0]:
+            best = (kept, phys)
+    kept, phys = best
+    if kept <= kept_default:
+        return RankMap(phys=base, slot_order=tuple(range(domain)), kept=kept_default, kept_default=kept_default)
+    return RankMap(phys=phys, slot_order=tuple(order), kept=kept, kept_default=kept_default)
