@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-COMMAND_MODULES = ("demo", "estimate", "validate", "plan", "serve", "export", "report", "explain", "run",
+COMMAND_MODULES = ("demo", "estimate", "validate", "plan", "replan", "serve", "export", "report", "explain", "run",
                    "calibrate", "check", "memcheck")
 
 

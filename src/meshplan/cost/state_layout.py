@@ -276,17 +276,24 @@ def boxes(g: Geometry, t: StateTensor, kind: StateKind) -> Boxes:
 
 def slots_held(g: Geometry, t: StateTensor, ranks: np.ndarray) -> np.ndarray:
     """Copies of tensor ``t`` (layer slots) each of ``ranks`` holds under ``g``."""
-    r = g.ranges[g.pp[ranks]]
-    return np.clip(np.minimum(r[..., 1], t.slot_hi) - np.maximum(r[..., 0], t.slot_lo), 0, None).sum(axis=-1)
+    r = g.ranges
+    per_pp = np.clip(np.minimum(r[..., 1], t.slot_hi) - np.maximum(r[..., 0], t.slot_lo), 0, None).sum(axis=-1)
+    return per_pp[g.pp[ranks]]
+
+
+def common_table(ga: Geometry, gb: Geometry, t: StateTensor) -> np.ndarray:
+    """[pp of ga, pp of gb]: slots of ``t`` both pipeline ranks hold (what two ranks share depends only on their
+    pipeline coordinates)."""
+    a = ga.ranges[:, None, :, None, :]
+    b = gb.ranges[None, :, None, :, :]
+    lo = np.maximum(np.maximum(a[..., 0], b[..., 0]), t.slot_lo)
+    hi = np.minimum(np.minimum(a[..., 1], b[..., 1]), t.slot_hi)
+    return np.clip(hi - lo, 0, None).sum(axis=(2, 3))
 
 
 def slots_common(ga: Geometry, ra: np.ndarray, gb: Geometry, rb: np.ndarray, t: StateTensor) -> np.ndarray:
     """Slots of tensor ``t`` that rank ra[i] holds under ``ga`` and rank rb[i] holds under ``gb``."""
-    a = ga.ranges[ga.pp[ra]][:, :, None, :]
-    b = gb.ranges[gb.pp[rb]][:, None, :, :]
-    lo = np.maximum(np.maximum(a[..., 0], b[..., 0]), t.slot_lo)
-    hi = np.minimum(np.minimum(a[..., 1], b[..., 1]), t.slot_hi)
-    return np.clip(hi - lo, 0, None).sum(axis=(1, 2))
+    return common_table(ga, gb, t)[ga.pp[ra], gb.pp[rb]]
 
 
 def resident_bytes(g: Geometry, tensors: tuple[StateTensor, ...]) -> np.ndarray:

@@ -7,6 +7,7 @@ non-empty subset of pools in every order is a variant, so adding GPUs never make
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import permutations
 
 from meshplan.spec.cluster import ClusterSpec
@@ -15,11 +16,14 @@ MAX_ORDERED_POOLS = 4
 """Beyond four pools the orders (n!) are cut to those sorted by speed, fastest or slowest first."""
 
 
-def cluster_variants(cluster: ClusterSpec, *, precision: str, allow_idle: bool) -> list[ClusterSpec]:
-    """Sub-clusters to plan on: the cluster itself first, then (mixed only) every ordered subset of pools that
-    can run ``precision``."""
+def cluster_variants(cluster: ClusterSpec, *, precision: str, allow_idle: bool,
+                     worlds: tuple[int, ...] = ()) -> list[ClusterSpec]:
+    """Sub-clusters to plan on: the cluster itself first, then every ordered subset of pools that can run
+    ``precision`` (mixed), or the first ``w`` GPUs for each smaller world size ``w`` asked for (homogeneous)."""
     if cluster.homogeneous:
-        return [cluster]
+        pool = cluster.pools[0]
+        return [cluster] + [ClusterSpec(pools=(replace(pool, n_gpus=w),), name=f"{w}x{pool.gpu.name}")
+                            for w in sorted(set(worlds), reverse=True) if w < pool.n_gpus]
     pools = [p for p in cluster.pools if p.gpu.peak_flops(precision) > 0]
     subsets = []
     n = len(pools)

@@ -43,6 +43,9 @@ class SearchRequest:
     """Re-rank the survivors with the event simulator instead of the closed-form pipeline time."""
     allow_idle_pools: bool = True
     """Mixed clusters: plans may leave whole pools idle."""
+    worlds: tuple[int, ...] = ()
+    """Homogeneous clusters: smaller world sizes the search may use as well, leaving the other GPUs idle (after
+    a node loss the survivors rarely factor into a layout: 16,376 GPUs = 8 x 23 x 89)."""
     exhaustive: bool = False
     """Evaluate every candidate with the full cost model (no bound, no dominance); for tests on small spaces."""
     max_micro_batch: int = 16
@@ -61,6 +64,8 @@ class SearchRequest:
             raise SpecError("request.max_memory_fraction", self.max_memory_fraction, "must be in (0, 4]")
         if self.objective not in OBJECTIVES:
             raise SpecError("request.objective", self.objective, f"must be one of {', '.join(OBJECTIVES)}")
+        if any(not isinstance(w, int) or isinstance(w, bool) or w < 1 for w in self.worlds):
+            raise SpecError("request.worlds", self.worlds, "world sizes must be integers >= 1")
         bad = sorted(set(self.pins) - set(PIN_FIELDS))
         if bad:
             raise SpecError("request.pins", bad, f"can pin only {', '.join(PIN_FIELDS)}")

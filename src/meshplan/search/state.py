@@ -53,7 +53,7 @@ class SearchSpace:
     def of(model: ModelSpec, cluster: ClusterSpec, request: SearchRequest, calib=None) -> "SearchSpace":
         """The space of ``request`` for ``model`` on ``cluster``."""
         variants = tuple(cluster_variants(cluster, precision=request.precision,
-                                          allow_idle=request.allow_idle_pools))
+                                          allow_idle=request.allow_idle_pools, worlds=request.worlds))
         shares = tuple(v for v in variants if len(v.pools) > 1 and in_cluster_order(v, cluster))
         return SearchSpace(model=model, cluster=cluster, request=request, calib=calib, variants=variants,
                            shares=shares)

@@ -1,0 +1,136 @@
+"""``meshplan replan``: the cluster or the job changed; search the new best layouts, price the switch to each
+(bytes per rank by link class, peak memory, seconds live and through a checkpoint, under the rank map that keeps
+the most state in place) and say whether to switch.
+
+Exit status: 0 with a decision (switch or stay), 4 when no layout fits the new conditions, 2 for user errors.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import typer
+
+NOTHING_FITS_EXIT = 4
+
+
+def parse_ranks(text: str, *, flag: str) -> tuple[int, ...]:
+    """``8-15,40`` -> (8, ..., 15, 40)."""
+    from meshplan.errors import SpecError
+
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
+            raise SpecError(flag, text, "expected ranks such as 8-15,40 (ascending ranges of integers >= 0)")
+        out += range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1)
+    return tuple(sorted(set(out)))
+
+
+def change_of(cluster, *, lose: int, lose_ranks: str, add: str, gpus: str):
+    """The ClusterChange the flags describe (``--gpus``: the new cluster as a whole; GPUs come and go at the end)."""
+    from meshplan import catalog
+    from meshplan.errors import SpecError
+    from meshplan.search.replan import ClusterChange
+
+    n = cluster.n_gpus
+    lost = set(parse_ranks(lose_ranks, flag="--lose-ranks")) if lose_ranks else set()
+    if lose:
+        if lose >= n:
+            raise SpecError("--lose", lose, f"must leave some of the {n} GPUs")
+        lost |= set(range(n - lose, n))
+    added = 0
+    for flag, text in (("--add", add), ("--gpus", gpus)):
+        if not text:
+            continue
+        new = catalog.cluster(text)
+        if not new.homogeneous or new.gpu.name != cluster.gpu.name:
+            raise SpecError(flag, text, f"must be {cluster.gpu.name} GPUs like the running cluster (mixed replanning "
+                            "is not supported yet)")
+        if flag == "--add":
+            added += new.n_gpus
+        elif new.n_gpus >= n:
+            added += new.n_gpus - n
+        else:
+            lost |= set(range(new.n_gpus, n))
+    return ClusterChange(lost=tuple(sorted(lost)), added=added)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``replan`` command."""
+
+    @app.command("replan")
+    def replan_cmd(
+        from_plan: str = typer.Option(..., "--from", help="The running plan (a plan file from meshplan plan --out)."),
+        model: str = typer.Option("", "--model", help="Model, when the plan file names none."),
+        old_gpus: str = typer.Option("", "--old-gpus", help="The cluster the plan runs on, when the file names none."),
+        gpus: str = typer.Option("", "--gpus", help="The new cluster, e.g. 16376xh100-sxm (GPUs leave or join at "
+                                                    "the end of the rank order)."),
+        lose: int = typer.Option(0, "--lose", min=0, help="GPUs lost: the last N ranks of the old world."),
+        lose_ranks: str = typer.Option("", "--lose-ranks", help="Ranks lost, e.g. 8-15,40."),
+        add: str = typer.Option("", "--add", help="GPUs added, e.g. 16xh100-sxm."),
+        seq_len: int = typer.Option(0, "--seq-len", min=0, help="New tokens per sequence (0 = unchanged)."),
+        global_batch: int = typer.Option(0, "--global-batch", min=0, help="New sequences per step (0 = unchanged)."),
+        remaining_steps: int = typer.Option(1000, "--remaining-steps", min=0, help="Optimizer steps left."),
+        min_gain: float = typer.Option(0.03, "--min-gain", help="Smallest step-time gain worth a switch when the "
+                                                                "current layout can still run (0.03 = 3 %)."),
+        options: int = typer.Option(3, "--options", min=1, help="Candidate layouts whose switch is priced."),
+        storage_gbs: float = typer.Option(0.0, "--storage-gbs", help="Checkpoint storage bandwidth of the whole "
+                                          "cluster in GB/s (default: Llama 3's 0.122 GB/s per GPU)."),
+        prebuilt_groups: bool = typer.Option(False, "--prebuilt-groups", help="The new layout's communicators "
+                                             "exist already (no set-up on the switch's path)."),
+        max_memory_fraction: float = typer.Option(0.8, "--max-memory-fraction", help="Largest predicted peak as a "
+                                                  "share of device memory."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        out: str = typer.Option("", "--out", help="Write the chosen layout as a plan file (TOML)."),
+    ) -> None:
+        """Re-plan after the cluster or the job changed, weighing the switch against the gain."""
+        from meshplan.cli.common import output_path, resolve_cluster, resolve_framework, resolve_model
+        from meshplan.cost.transition_time import SwitchCosts
+        from meshplan.errors import SpecError
+        from meshplan.search import SearchRequest
+        from meshplan.search.replan import ReplanRequest, replan
+        from meshplan.spec.io import read_plan_file
+
+        plan, refs = read_plan_file(from_plan)
+        spec = resolve_model(model or None, refs.get("model"))
+        cluster = resolve_cluster(old_gpus or None, None, refs.get("gpus") or refs.get("cluster"))
+        stack = resolve_framework(plan.framework, file_settings=refs.get("framework"))
+        if out:
+            output_path("--out", out)
+        change = change_of(cluster, lose=lose, lose_ranks=lose_ranks, add=add, gpus=gpus)
+        costs = SwitchCosts(groups_prebuilt=prebuilt_groups)
+        if storage_gbs:
+            if storage_gbs <= 0:
+                raise SpecError("--storage-gbs", storage_gbs, "must be a positive bandwidth in GB/s")
+            n_new = cluster.n_gpus - len(change.lost) + change.added
+            costs = SwitchCosts(groups_prebuilt=prebuilt_groups, storage_gbs_per_gpu=storage_gbs / n_new)
+        request = SearchRequest(global_batch=global_batch or plan.global_batch, seq_len=seq_len or plan.seq_len,
+                                precision=plan.precision, framework=stack, max_memory_fraction=max_memory_fraction)
+        rq = ReplanRequest(remaining_steps=remaining_steps, min_gain=min_gain, options=options, costs=costs)
+        result = replan(spec, cluster, plan, change=change, request=request, rq=rq)
+        _emit(result, spec, cluster, as_json=as_json, out=out, refs=refs, stack=stack)
+        if not result.options:
+            raise typer.Exit(NOTHING_FITS_EXIT)
+
+
+def _emit(result, spec, cluster, *, as_json: bool, out: str, refs: dict, stack) -> None:
+    from meshplan.cli.common import print_json, stack_changes, term_width, wrote
+    from meshplan.report.replan import render_replan, replan_json
+    from meshplan.spec.io import plan_file_text
+
+    if as_json:
+        print_json(replan_json(result, spec, cluster))
+    else:
+        sys.stdout.write(render_replan(result, spec, cluster, width=term_width()))
+    if out and result.choice is not None:
+        opt = result.options[result.choice]
+        Path(out).write_text(plan_file_text(opt.ranked.plan, model=refs.get("model", spec.name),
+                                            gpus=opt.ranked.cluster.describe(), framework=stack_changes(stack),
+                                            predicted={"step_time_s": opt.ranked.step_time,
+                                                       "switch_s": opt.time.total_s}))
+        wrote(out, f"the chosen layout, {opt.ranked.step_time:.3f} s per step")
+    elif out:
+        print(f"{out} not written: the decision is to keep the current layout", file=sys.stderr)
