@@ -95,6 +95,9 @@ def register(app: typer.Typer) -> None:
         from meshplan.spec.io import read_plan_file
 
         plan, refs = read_plan_file(from_plan)
+        if model and refs.get("model") and model != refs["model"]:
+            raise SpecError("--model", model, f"differs from the model the plan in {from_plan} was made for "
+                            f"({refs['model']}): replan re-plans the job that runs, give its plan file")
         spec = resolve_model(model or None, refs.get("model"))
         cluster = resolve_cluster(old_gpus or None, None, refs.get("gpus") or refs.get("cluster"))
         stack = resolve_framework(plan.framework, file_settings=refs.get("framework"))

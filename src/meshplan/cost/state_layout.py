@@ -305,3 +305,11 @@ def resident_bytes(g: Geometry, tensors: tuple[StateTensor, ...]) -> np.ndarray:
         for k in g.kinds:
             out += n * boxes(g, t, k).area() * t.elems * k.bytes
     return out
+
+
+def weights_only(g: Geometry) -> Geometry:
+    """The layout holding only 16-bit weights (a generation engine's copy in RL: NeMo-RL's refit moves weights,
+    never optimizer state)."""
+    from dataclasses import replace
+
+    return replace(g, kinds=(StateKind(name="w16", bytes=2.0, zero_stage=NEVER),))

@@ -87,10 +87,10 @@ def _details(opt: SwitchOption) -> list[str]:
         lines.append(f"  {x.lost.sum() / GiB:,.1f} GiB of state lived only on lost GPUs: read from the last "
                      "checkpoint (steps since it are lost)")
     saved = opt.to_move_default - opt.to_move
-    if saved > 0:
+    if saved > 1e-3 * max(opt.to_move_default, 1.0):
         lines.append(f"  rank map: {saved / GiB:,.0f} GiB less to move than torchrun's order "
                      f"({opt.to_move_default / GiB:,.0f} -> {opt.to_move / GiB:,.0f} GiB; slots "
-                     f"{'-'.join(map(str, m.slot_order))}, domains aligned to the old layout)")
+                     f"{'-'.join(map(str, m.slot_order))} in each scale-up domain, domains aligned to the old layout)")
     else:
         lines.append("  rank map: torchrun's order already keeps the most state in place")
     return lines

@@ -23,6 +23,7 @@ from meshplan.search.driver import search
 from meshplan.search.rankmap import RankMap, choose_rank_map
 from meshplan.search.request import SearchRequest
 from meshplan.search.result import RankedPlan, SearchResult
+from meshplan.spec.checks import check_plan
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
@@ -186,6 +187,7 @@ def replan(model: ModelSpec, cluster: ClusterSpec, plan_a: Plan, *, change: Clus
     if plan_a.n_gpus != cluster.n_gpus:
         raise SpecError("--from", plan_a.n_gpus, f"the plan occupies {plan_a.n_gpus} GPUs but the old cluster has "
                         f"{cluster.n_gpus}; give the cluster it runs on with --old-gpus")
+    check_plan(model, cluster, plan_a)
     new = new_cluster_of(cluster, change)
     domain = new.pools[0].network()[0].span
     req = replace(request, worlds=idle_worlds(new.n_gpus, domain), top=max(request.top, rq.options))
@@ -217,7 +219,7 @@ def decide(options: tuple[SwitchOption, ...], current_step: float | None, why: s
         return None, f"no candidate is faster than the current layout ({current_step:.3f} s per step)", None
     even = opt.time.total_s / (current_step - opt.ranked.step_time)
     if gain < rq.min_gain:
-        return None, (f"#{best + 1} is only {gain:.1%} faster per step, under --min-gain {rq.min_gain:.0%}: stay"), even
+        return None, (f"#{best + 1} is only {gain:.2%} faster per step, under --min-gain {rq.min_gain:.0%}: stay"), even
     if opt.horizon_s >= stay:
         return None, (f"#{best + 1} saves {current_step - opt.ranked.step_time:.3f} s per step but needs {even:.0f} "
                       f"steps to pay back its {opt.time.total_s:.1f} s switch; {rq.remaining_steps} remain: stay"), even
