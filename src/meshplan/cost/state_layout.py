@@ -15,7 +15,7 @@ width over etp (``runtime/build.py::expert_mesh``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -47,6 +47,11 @@ class StateTensor:
     """First layer slot (0 = the input embedding, 1..L the decoder layers, L+1 the output head)."""
     slot_hi: int
     """One past the last slot."""
+    pieces: float = 1.0
+    """Separately stored tensors it stands for per slot (all experts together for expert tensors)."""
+    tp_max: int = 0
+    """Most tensor-parallel shards it splits into (0 = no limit): GQA's k and v split by kv head, so under
+    tp > n_kv_heads each kv head is replicated over tp / n_kv_heads ranks (Megatron-Core, vLLM)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,44 +70,53 @@ def state_kinds(plan: Plan, stack: FrameworkProfile) -> tuple[StateKind, ...]:
     """The state kinds a plan keeps, with the bytes of ``cost.memory.bytes_per_param`` (ZeRO paper sec. 3.1:
     2 B weights + 12 B optimizer; FSDP2 and fp32 training keep fp32 weights as the master, sharded from stage 3)."""
     w, _, o = bytes_per_param(plan, stack)
+    if stack.sharding == "fsdp2":  # fully_shard at every ZeRO level: fp32 sharded parameters are the master
+        moments = 4.0 if stack.optimizer_dtype == "bf16" else 8.0
+        return (StateKind(name="master", bytes=4.0, zero_stage=0), StateKind(name="moments", bytes=moments,
+                                                                             zero_stage=0))
     if plan.precision == "fp32" or plan.zero == 3:
         return (StateKind(name="master", bytes=w, zero_stage=3), StateKind(name="moments", bytes=o, zero_stage=1))
     return (StateKind(name="w16", bytes=w, zero_stage=NEVER), StateKind(name="master", bytes=4.0, zero_stage=1),
             StateKind(name="moments", bytes=o - 4.0, zero_stage=1))
 
 
-def _layer_tensors(layer: LayerSpec) -> list[tuple[str, float, int | None, bool]]:
-    """(role, elements, tp dim, expert) of one layer's tensors; they sum to ``cost.memory.layer_params``."""
+def _layer_tensors(layer: LayerSpec) -> list[tuple]:
+    """(role, elements, tp dim, expert, pieces[, tp_max]) of one layer's tensors; the elements sum to
+    ``cost.memory.layer_params``; pieces: the separately stored tensors each stands for in a Hugging Face
+    checkpoint, the unit a reshard copies and a generation engine loads (q, k, v apart; gate and up apart; one
+    triple per expert)."""
     h, out = layer.hidden, []
     att = layer.attention
     if att is not None:
         if att.kind == "mla":  # Megatron MLA: down-projections replicated over tp, up-projections column-parallel
             if att.q_lora_rank:
-                out += [("q_down", h * att.q_lora_rank, None), ("q_up", att.q_lora_rank * att.n_heads * att.qk_dim, 0)]
+                out += [("q_down", h * att.q_lora_rank, None, False, 2),
+                        ("q_up", att.q_lora_rank * att.n_heads * att.qk_dim, 0, False, 1)]
             else:
-                out.append(("q", h * att.n_heads * att.qk_dim, 0))
-            out += [("kv_down", h * (att.kv_lora_rank + att.qk_rope_head_dim), None),
-                    ("kv_up", att.kv_lora_rank * att.n_heads * (att.head_dim + att.v_dim), 0)]
+                out.append(("q", h * att.n_heads * att.qk_dim, 0, False, 1))
+            out += [("kv_down", h * (att.kv_lora_rank + att.qk_rope_head_dim), None, False, 2),
+                    ("kv_up", att.kv_lora_rank * att.n_heads * (att.head_dim + att.v_dim), 0, False, 1)]
         else:
-            out.append(("qkv", h * (att.n_heads + 2 * att.n_kv_heads) * att.head_dim, 0))
-        out += [("proj", att.n_heads * att.v_dim * h, 1), ("norm1", 2 * h, None)]
+            out += [("q", h * att.n_heads * att.head_dim, 0, False, 1),
+                    ("kv", h * 2 * att.n_kv_heads * att.head_dim, 0, False, 2, att.n_kv_heads)]
+        out += [("proj", att.n_heads * att.v_dim * h, 1, False, 1), ("norm1", 2 * h, None, False, 1)]
     if layer.in_hidden and layer.in_hidden != h:
-        out.append(("in_proj", layer.in_hidden * h, None))
+        out.append(("in_proj", layer.in_hidden * h, None, False, 1))
     mats = 3 if layer.gated else 2
     if layer.moe is not None:
         moe = layer.moe
         shared = h * moe.shared_width * moe.n_shared_experts
-        out += [("router", h * moe.n_experts, None), ("shared_up", (mats - 1) * shared, 0),
-                ("shared_down", shared, 1)]
         per = moe.n_experts * h * moe.expert_ffn_hidden
-        out = [(n, e, d, False) for n, e, d in out] + [("experts_up", (mats - 1) * per, 0, True),
-                                                       ("experts_down", per, 1, True)]
+        out += [("router", h * moe.n_experts, None, False, 1),
+                ("shared_up", (mats - 1) * shared, 0, False, mats - 1), ("shared_down", shared, 1, False, 1),
+                ("experts_up", (mats - 1) * per, 0, True, (mats - 1) * moe.n_experts),
+                ("experts_down", per, 1, True, moe.n_experts)]
     else:
-        out += [("ffn_up", (mats - 1) * h * layer.ffn_hidden, 0), ("ffn_down", h * layer.ffn_hidden, 1)]
-        out = [(n, e, d, False) for n, e, d in out]
-    out.append(("norm2", 2 * h, None, False))
+        out += [("ffn_up", (mats - 1) * h * layer.ffn_hidden, 0, False, mats - 1),
+                ("ffn_down", h * layer.ffn_hidden, 1, False, 1)]
+    out.append(("norm2", 2 * h, None, False, 1))
     if layer.bias:
-        out.append(("bias", 4 * h + layer.ffn_hidden, None, False))
+        out.append(("bias", 4 * h + layer.ffn_hidden, None, False, 4))
     return [t for t in out if t[1] > 0]
 
 
@@ -114,9 +128,10 @@ def state_tensors(model: ModelSpec) -> tuple[StateTensor, ...]:
                        slot_hi=1)]
     slot = 1
     for block in model.blocks:
-        for role, elems, dim, expert in _layer_tensors(block.layer):
+        for role, elems, dim, expert, pieces, *limit in _layer_tensors(block.layer):
             out.append(StateTensor(name=f"{block.name}.{role}", elems=elems, tp_dim=dim, expert=expert,
-                                   slot_lo=slot, slot_hi=slot + block.n_layers))
+                                   slot_lo=slot, slot_hi=slot + block.n_layers, pieces=pieces,
+                                   tp_max=limit[0] if limit else 0))
         slot += block.n_layers
     if not model.tied_embeddings:
         out.append(StateTensor(name="head", elems=model.vocab * model.hidden, tp_dim=0, expert=False, slot_lo=slot,
@@ -130,11 +145,12 @@ def state_groups(model: ModelSpec) -> tuple[StateTensor, ...]:
     overlap is the same for them, so a transition sums their elements once (exact, and half the work)."""
     groups: dict = {}
     for t in state_tensors(model):
-        key = (t.slot_lo, t.slot_hi, t.tp_dim, t.expert)
+        key = (t.slot_lo, t.slot_hi, t.tp_dim, t.expert, t.tp_max)
         if key in groups:
             g = groups[key]
             groups[key] = StateTensor(name=f"{g.name}+{t.name.split('.')[-1]}", elems=g.elems + t.elems,
-                                      tp_dim=t.tp_dim, expert=t.expert, slot_lo=t.slot_lo, slot_hi=t.slot_hi)
+                                      tp_dim=t.tp_dim, expert=t.expert, slot_lo=t.slot_lo, slot_hi=t.slot_hi,
+                                      pieces=g.pieces + t.pieces, tp_max=t.tp_max)
         else:
             groups[key] = t
     return tuple(groups.values())
@@ -167,12 +183,24 @@ class Geometry:
     """Tensor-parallel coordinate."""
     zero: np.ndarray
     """Index in the dense ZeRO group (dp_shard x cp, ``Plan.zero_group``)."""
+    zero_n: int
+    """Ranks of the dense ZeRO group (under FSDP2 at every ZeRO level: dp_shard x cp even for zero 0)."""
+    ezero_n: int
+    """Ranks of the experts' ZeRO group (1 when the stack shards experts by ep only)."""
+    shards_experts: bool = True
+    """The stack's ZeRO shards experts over their expert-data-parallel group; when not, experts without expert
+    parallelism are sharded like any parameter (FSDP leaves out only the ep-sharded ones)."""
     ep: np.ndarray
     """Expert-parallel coordinate."""
     etp: np.ndarray
     """Experts' tensor-parallel coordinate."""
     ezero: np.ndarray
     """Index in the experts' ZeRO group (``Plan.expert_zero_group``)."""
+    separate: bool = False
+    """A copy in another engine's memory (a generation engine's weights): every tensor is copied in, the part
+    the GPU already holds from device memory."""
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
+    """Boxes computed so far, by (tensor slots, tp dim, expert, kind)."""
 
     @property
     def n_ranks(self) -> int:
@@ -217,61 +245,72 @@ def geometry(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> Geometry:
     q, stride = np.zeros_like(r), 1
     for axis, size in local_axes:
         q, stride = q + d[axis] * stride, stride * size
-    ezero_n = plan.expert_zero_group
+    fsdp_always = stack.sharding == "fsdp2"
+    zero_n = plan.shard_group * plan.cp if fsdp_always else plan.zero_group
+    ezero_n = plan.expert_zero_group if stack.shards_experts else 1
     return Geometry(plan=plan, kinds=state_kinds(plan, stack), pp=d["pp"], ranges=_ranges(model, plan), tp=d["tp"],
-                    zero=zero if plan.zero else np.zeros_like(r), ep=(q // plan.etp) % plan.ep, etp=q % plan.etp,
-                    ezero=(q // (plan.etp * plan.ep)) % ezero_n)
+                    zero=zero if zero_n > 1 else np.zeros_like(r), zero_n=zero_n, ezero_n=ezero_n,
+                    shards_experts=stack.shards_experts,
+                    ep=(q // plan.etp) % plan.ep, etp=q % plan.etp, ezero=(q // (plan.etp * plan.ep)) % ezero_n)
 
 
 @dataclass(frozen=True)
 class Boxes:
-    """One tensor's state box on a set of ranks: fractions of (experts, rows, cols) and an integer key that is
-    equal exactly when two ranks hold the same box."""
+    """One tensor's state box on a set of ranks: fractions of (experts, rows, cols), ``lo``/``hi`` of shape [3, n],
+    and an integer key that is equal exactly when two ranks hold the same box."""
 
-    e: tuple[np.ndarray, np.ndarray]
-    rows: tuple[np.ndarray, np.ndarray]
-    cols: tuple[np.ndarray, np.ndarray]
+    lo: np.ndarray
+    hi: np.ndarray
     key: np.ndarray
 
     def area(self) -> np.ndarray:
         """Fraction of the tensor (per slot) each rank holds."""
-        return (self.e[1] - self.e[0]) * (self.rows[1] - self.rows[0]) * (self.cols[1] - self.cols[0])
+        return np.prod(self.hi - self.lo, axis=0)
 
     def take(self, idx: np.ndarray) -> "Boxes":
         """The boxes of ranks ``idx``."""
-        return Boxes((self.e[0][idx], self.e[1][idx]), (self.rows[0][idx], self.rows[1][idx]),
-                     (self.cols[0][idx], self.cols[1][idx]), self.key[idx])
+        return Boxes(self.lo[:, idx], self.hi[:, idx], self.key[idx])
 
-
-def _span(lo_a, hi_a, lo_b, hi_b) -> np.ndarray:
-    return np.clip(np.minimum(hi_a, hi_b) - np.maximum(lo_a, lo_b), 0.0, None)
+    @property
+    def experts(self) -> np.ndarray:
+        """Fraction of the experts each box covers."""
+        return self.hi[0] - self.lo[0]
 
 
 def overlap_area(a: Boxes, b: Boxes) -> np.ndarray:
     """Fraction of the tensor two boxes share (elementwise over ranks)."""
-    return _span(*a.e, *b.e) * _span(*a.rows, *b.rows) * _span(*a.cols, *b.cols)
+    return np.prod(np.clip(np.minimum(a.hi, b.hi) - np.maximum(a.lo, b.lo), 0.0, None), axis=0)
 
 
 def boxes(g: Geometry, t: StateTensor, kind: StateKind) -> Boxes:
-    """Box of tensor ``t``'s state ``kind`` on every logical rank of ``g``."""
+    """Box of tensor ``t``'s state ``kind`` on every logical rank of ``g`` (memoised on the geometry)."""
+    key = (t.slot_lo, t.tp_dim, t.expert, t.tp_max, kind.name)
+    if key not in g.memo:
+        g.memo[key] = _boxes(g, t, kind)
+    return g.memo[key]
+
+
+def _boxes(g: Geometry, t: StateTensor, kind: StateKind) -> Boxes:
     plan, n = g.plan, g.n_ranks
-    one, zero = np.ones(n), np.zeros(n)
+    lo, hi = np.zeros((3, n)), np.ones((3, n))
     parts, idx = (plan.etp, g.etp) if t.expert else (plan.tp, g.tp)
-    e = (g.ep / plan.ep, (g.ep + 1) / plan.ep) if t.expert else (zero, one)
-    dims = [(zero, one), (zero, one)]
+    if t.tp_max and parts > t.tp_max and parts % t.tp_max == 0:
+        parts, idx = t.tp_max, idx // (parts // t.tp_max)
+    if t.expert:
+        lo[0], hi[0] = g.ep / plan.ep, (g.ep + 1) / plan.ep
     if t.tp_dim is not None and parts > 1:
-        dims[t.tp_dim] = (idx / parts, (idx + 1) / parts)
-    zn, zi = (plan.expert_zero_group, g.ezero) if t.expert else (plan.zero_group, g.zero)
+        lo[1 + t.tp_dim], hi[1 + t.tp_dim] = idx / parts, (idx + 1) / parts
+    expert_groups = t.expert and (g.shards_experts or plan.ep * plan.etp > 1)
+    zn, zi = (g.ezero_n, g.ezero) if expert_groups else (g.zero_n, g.zero)
     sharded = plan.zero >= kind.zero_stage and zn > 1
     if sharded:
-        lo, hi = dims[0]
-        w = (hi - lo) / zn
-        dims[0] = (lo + zi * w, lo + (zi + 1) * w)
+        w = (hi[1] - lo[1]) / zn
+        lo[1], hi[1] = lo[1] + zi * w, lo[1] + (zi + 1) * w
     key = g.pp.copy()
     for used, size, val in ((t.expert, plan.ep, g.ep), (t.tp_dim is not None, parts, idx), (sharded, zn, zi)):
         if used:
             key = key * size + val
-    return Boxes(e, dims[0], dims[1], key)
+    return Boxes(lo, hi, key)
 
 
 def slots_held(g: Geometry, t: StateTensor, ranks: np.ndarray) -> np.ndarray:
@@ -312,4 +351,4 @@ def weights_only(g: Geometry) -> Geometry:
     never optimizer state)."""
     from dataclasses import replace
 
-    return replace(g, kinds=(StateKind(name="w16", bytes=2.0, zero_stage=NEVER),))
+    return replace(g, memo={}, kinds=(StateKind(name="w16", bytes=2.0, zero_stage=NEVER),), separate=True)

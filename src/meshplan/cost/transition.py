@@ -50,6 +50,8 @@ class TransferBytes:
     """Needed and held by no surviving GPU: must come from storage (or a redundant copy)."""
     peers: np.ndarray
     """Ranks each new rank receives from."""
+    tensors: np.ndarray
+    """Tensors (per state kind) each new rank receives some of: what a reshard copies one by one."""
     out_local: np.ndarray
     """Per GPU id: sent inside its scale-up domain."""
     out_fabric: np.ndarray
@@ -77,11 +79,8 @@ def _source_kind(a: Geometry, kind: StateKind) -> StateKind:
 
 def _cells(a_box: Boxes, b_box: Boxes) -> np.ndarray:
     """Old grid cells one new box crosses (the old boxes tile each dim in cells of equal width)."""
-    n = np.ones(b_box.key.shape[0])
-    for (alo, ahi), (blo, bhi) in ((a_box.e, b_box.e), (a_box.rows, b_box.rows), (a_box.cols, b_box.cols)):
-        w = float(ahi[0] - alo[0])
-        n *= np.floor((bhi - 1e-12) / w) - np.floor(blo / w + 1e-12) + 1
-    return n
+    w = (a_box.hi[:, :1] - a_box.lo[:, :1])
+    return np.prod(np.floor((b_box.hi - 1e-12) / w) - np.floor(b_box.lo / w + 1e-12) + 1, axis=0)
 
 
 def _stages_crossed(a: Geometry, b: Geometry, t: StateTensor) -> np.ndarray:
@@ -104,12 +103,13 @@ class _Acc:
     fabric: np.ndarray = None
     lost: np.ndarray = None
     peers: np.ndarray = None
+    tensors: np.ndarray = None
     out_local: np.ndarray = None
     out_fabric: np.ndarray = None
     by_kind: dict = None
 
     def __post_init__(self):
-        for name in ("need", "local", "fabric", "lost", "peers"):
+        for name in ("need", "local", "fabric", "lost", "peers", "tensors"):
             setattr(self, name, np.zeros(self.nb))
         self.out_local, self.out_fabric = np.zeros(self.universe), np.zeros(self.universe)
         self.by_kind = {}
@@ -120,7 +120,9 @@ def _lost(a: Geometry, alive: np.ndarray, t, a_boxes: Boxes, b: Geometry, b_box:
     if alive.all():
         return np.zeros(rb.shape[0])
     key = a_boxes.key
-    missing = np.setdiff1d(np.unique(key), np.unique(key[alive]))
+    present = np.bincount(key[alive], minlength=int(key.max()) + 1)
+    dead = np.unique(key[~alive])
+    missing = dead[present[dead] == 0]
     out = np.zeros(rb.shape[0])
     for k in missing:
         rep = np.full(rb.shape[0], int(np.flatnonzero(key == k)[0]))
@@ -191,7 +193,7 @@ def transfer_bytes(a: Placement, b: Placement, *, tensors: tuple[StateTensor, ..
             resident_a[a.phys] += ctx.slots_a * boxes(a.geo, t, k).area() * t.elems * k.bytes
     acc = ctx.acc
     return TransferBytes(need=acc.need, in_local=acc.local, in_fabric=acc.fabric, lost=acc.lost, peers=acc.peers,
-                         out_local=acc.out_local, out_fabric=acc.out_fabric, resident_a=resident_a,
+                         tensors=acc.tensors, out_local=acc.out_local, out_fabric=acc.out_fabric, resident_a=resident_a,
                          by_kind=acc.by_kind)
 
 
@@ -234,6 +236,9 @@ def _one(ctx: _Ctx, t: StateTensor, kb: StateKind) -> None:
     acc.lost += lost * scale
     crossed = _cells(a_boxes, b_box) * ctx.stages
     acc.peers = np.maximum(acc.peers, np.where(live > 0, crossed, 0))
+    experts = b_box.experts if t.expert else 1.0
+    copied = need > 0 if b.geo.separate else want > 0
+    acc.tensors += np.where(copied, t.pieces * ctx.slots_b * experts, 0.0)
     acc.by_kind[kb.name] = acc.by_kind.get(kb.name, 0.0) + float(want.sum() * scale)
     moved = float(live.sum() * scale)
     if moved <= 0:

@@ -12,7 +12,10 @@ bandwidth (DCP), plus a torchrun restart (sec. 4.5).
 from __future__ import annotations
 
 import math
+import tomllib
 from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
 
 import numpy as np
 
@@ -48,6 +51,38 @@ class SwitchCosts:
     start): no set-up on the switch's critical path."""
 
 
+@dataclass(frozen=True)
+class Overhead:
+    """What a live switch costs beyond its bytes: fitted by ``meshplan.calibrate.transition_fit`` from published
+    switches (NeMo-RL's refits on H100)."""
+
+    fixed_s: float
+    """Planning and synchronising the switch (s)."""
+    per_tensor_s: float
+    """Per tensor the busiest rank copies (s): slicing, packing, one batched send/recv entry, one load."""
+
+
+@lru_cache(maxsize=1)
+def _fitted_table() -> dict[str, Overhead]:
+    path = resources.files("meshplan.calibrate").joinpath("transition_constants.toml")
+    if not path.is_file():
+        return {}
+    data = tomllib.loads(path.read_text())
+    return {gen: Overhead(fixed_s=float(v["fixed_s"]), per_tensor_s=float(v["per_tensor_s"]))
+            for gen, v in data.items() if isinstance(v, dict)}
+
+
+def fitted_overhead(generation: str, table: dict[str, Overhead] | None = None) -> Overhead:
+    """The generation's fitted overhead; a GPU generation without published switches takes Hopper's (the
+    per-tensor work is host-side, not the GPU's); a CPU host has none until the runtime's switch measures it."""
+    table = _fitted_table() if table is None else table
+    if generation in table:
+        return table[generation]
+    if generation == "cpu" or "hopper" not in table:
+        return Overhead(fixed_s=0.0, per_tensor_s=0.0)
+    return table["hopper"]
+
+
 @dataclass(frozen=True, kw_only=True)
 class SwitchTime:
     """Predicted cost of one switch."""
@@ -56,6 +91,8 @@ class SwitchTime:
     """Busiest rank's bytes over its links at rated bandwidth (s): no switch is faster."""
     transfer_s: float
     """The same at the achieved bandwidth, plus per-message latency (s)."""
+    overhead_s: float
+    """Fixed and per-tensor work of the switch (s, fitted)."""
     rebuild_s: float
     """Communicator set-up for the new groups (s)."""
     storage_s: float
@@ -79,16 +116,11 @@ def _links(pool: Pool) -> tuple[float, float, float, float]:
     return levels[0].bandwidth, levels[-1].bandwidth, levels[0].latency, levels[-1].latency
 
 
-def staging_bytes(x: TransferBytes, *, capacity: float, costs: SwitchCosts) -> float:
-    """Chunk size: half of the smallest free memory beside the larger of both layouts' state, clamped."""
-    phys_b = np.arange(x.need.shape[0])
-    free = capacity - np.maximum(x.need, x.resident_a[phys_b] if x.resident_a.shape[0] > 0 else 0.0)
-    return float(np.clip(free.min() / 2, costs.staging_min, costs.staging_max))
-
-
 def switch_time(x: TransferBytes, *, phys_b: np.ndarray, pool: Pool, calib: Calibration, costs: SwitchCosts,
-                new_groups: int) -> SwitchTime:
-    """Seconds of a live switch whose bytes are ``x`` (new ranks on GPU ids ``phys_b``) on ``pool``'s links."""
+                new_groups: int, overhead: Overhead | None = None) -> SwitchTime:
+    """Seconds of a live switch whose bytes are ``x`` (new ranks on GPU ids ``phys_b``) on ``pool``'s links;
+    ``overhead``: None = the generation's fitted one."""
+    overhead = overhead or fitted_overhead(pool.gpu.generation)
     bw_l, bw_f, lat_l, lat_f = _links(pool)
     cpu = pool.gpu.generation == "cpu"
     inflow = x.in_local + x.in_fabric
@@ -112,8 +144,9 @@ def switch_time(x: TransferBytes, *, phys_b: np.ndarray, pool: Pool, calib: Cali
     save = float(x.resident_a.max()) / (costs.storage_gbs_per_gpu * 1e9)
     load = float(x.need.max()) / (costs.storage_gbs_per_gpu * 1e9)
     init = new_groups * (costs.comm_init_cpu_s if cpu else costs.comm_init_s)
-    return SwitchTime(bound_s=bound, transfer_s=transfer, rebuild_s=rebuild, storage_s=storage,
-                      total_s=transfer + rebuild + storage, checkpoint_s=save + costs.restart_s + init + load,
+    work = (overhead.fixed_s + overhead.per_tensor_s * float(x.tensors.max())) if x.tensors.max() > 0 else 0.0
+    return SwitchTime(bound_s=bound, transfer_s=transfer, overhead_s=work, rebuild_s=rebuild, storage_s=storage,
+                      total_s=transfer + work + rebuild + storage, checkpoint_s=save + costs.restart_s + init + load,
                       peak_bytes=peak, staging=staging, chunks=chunks, messages=int(messages.max()) if messages.size
                       else 0)
 

@@ -49,6 +49,10 @@ class RunConfig:
     """Process-group timeout (s): a dead peer ends the run after at most this long."""
     fail_at_step: int = 0
     """Testing hook: rank 1 (or 0 alone) SIGKILLs itself at the start of this step (0 = never)."""
+    switches: tuple[dict, ...] = ()
+    """Live layout switches: ``{"step": S, "plan": {...}}`` moves the state to that plan after step S
+    (``runtime.switch``); ``"check": true`` also loads B from a DCP checkpoint of A and reports whether both are
+    bit-equal; ``"dry_run": true`` plans and prices the move without moving anything."""
     extra: dict = field(default_factory=dict)
     """Free-form labels copied into the summary."""
 
@@ -58,6 +62,11 @@ class RunConfig:
 
             raise SpecError("run.stack", self.stack.name, f"meshplan's runtime is the {RUNTIME_STACK} stack; predict "
                             f"what it runs with --framework {RUNTIME_STACK}")
+
+    def switch_plans(self) -> list[tuple[int, Plan, dict]]:
+        """(step, plan, options) of every switch, in step order."""
+        return sorted(((int(s["step"]), plan_from_dict(s["plan"], f"switch@{s['step']}"), s)
+                       for s in self.switches), key=lambda x: x[0])
 
     def to_json(self) -> str:
         """JSON text the workers read back with from_json."""
@@ -73,4 +82,5 @@ class RunConfig:
         d["plan"] = plan_from_dict(d["plan"])
         d["stack"] = catalog.framework_with(RUNTIME_STACK, d.get("stack"))
         d["profile_steps"] = tuple(d.get("profile_steps", ()))
+        d["switches"] = tuple(d.get("switches", ()))
         return RunConfig(**d)

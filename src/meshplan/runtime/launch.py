@@ -25,17 +25,38 @@ def under_torchrun() -> bool:
 
 
 def validate(cfg: RunConfig, world_size: int) -> None:
-    """Raise PlanError/SpecError when the run cannot work: plan vs world size and model, runtime limits, data.
-    Imports only what planning needs, so it runs before torch.distributed starts anything."""
+    """Raise PlanError/SpecError when the run cannot work: plan vs world size and model, runtime limits, data,
+    and every live switch's plan and step. Imports only what planning needs, so it runs before
+    torch.distributed starts anything."""
     from meshplan.runtime.data import Source
     from meshplan.runtime.models.decoder import check_supported
+
+    spec = catalog.model(cfg.model)
+    check_supported(spec)
+    problems = plan_problems(spec, cfg, cfg.plan, world_size)
+    if cfg.steps < 1:
+        problems.append(f"steps={cfg.steps} must be >= 1")
+    last = 0
+    for step, plan, _ in cfg.switch_plans():
+        where = f"switch at step {step}"
+        if not 1 <= step < cfg.steps or step <= last:
+            problems.append(f"{where}: the step must be after the previous switch and before the last step "
+                            f"({cfg.steps}), so that the new layout trains at least one step")
+        problems += [f"{where}: {p}" for p in plan_problems(spec, cfg, plan, world_size)]
+        last = step
+    if problems:
+        raise PlanError(dict.fromkeys(problems))  # the plan and stack checks may say the same thing
+    Source(kind=cfg.data, vocab=spec.vocab, seed=cfg.seed).check(seq_len=cfg.plan.seq_len)
+    for _, plan, _ in cfg.switch_plans():
+        Source(kind=cfg.data, vocab=spec.vocab, seed=cfg.seed).check(seq_len=plan.seq_len)
+
+
+def plan_problems(spec, cfg: RunConfig, plan, world_size: int) -> list[str]:
+    """What keeps ``plan`` from running on ``world_size`` processes under this runtime, as sentences."""
     from meshplan.runtime.parallelize import check_runtime_support
     from meshplan.runtime.pipeline import pipeline_violations
     from meshplan.spec.checks import plan_violations, stack_violations
 
-    spec = catalog.model(cfg.model)
-    check_supported(spec)
-    plan = cfg.plan
     problems = []
     if plan.n_gpus != world_size:
         problems.append(f"the plan needs tp*cp*pp*dp = {plan.tp}*{plan.cp}*{plan.pp}*{plan.dp} = {plan.n_gpus} "
@@ -44,11 +65,7 @@ def validate(cfg: RunConfig, world_size: int) -> None:
     problems += [p for p in plan_violations(spec, cluster, plan) if "fp8" not in p]
     problems += check_runtime_support(spec, plan) + pipeline_violations(plan)
     problems += stack_violations(plan, cfg.stack) + unsupported_settings(cfg.stack)
-    if cfg.steps < 1:
-        problems.append(f"steps={cfg.steps} must be >= 1")
-    if problems:
-        raise PlanError(dict.fromkeys(problems))  # the plan and stack checks may say the same thing
-    Source(kind=cfg.data, vocab=spec.vocab, seed=cfg.seed).check(seq_len=plan.seq_len)
+    return problems
 
 
 RUNTIME_SETTINGS = ("fused_optimizer",)

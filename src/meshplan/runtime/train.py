@@ -190,6 +190,7 @@ def run(cfg: RunConfig, device: torch.device) -> list[dict]:
     say(f"built in {time.perf_counter() - began:.1f} s" + (f", resumed at step {start}" if start else "") +
         f"; training steps {start + 1}..{cfg.steps}")
     metrics, rows = _Metrics(cfg, rank), []
+    switches = {s: (plan, opts) for s, plan, opts in cfg.switch_plans() if s > start}
     for step in range(start + 1, cfg.steps + 1):
         if step == cfg.fail_at_step and rank == min(1, dist.get_world_size() - 1):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -210,6 +211,11 @@ def run(cfg: RunConfig, device: torch.device) -> list[dict]:
         every = cfg.checkpoint_every
         if cfg.checkpoint_dir and ((every and step % every == 0) or step == cfg.steps):
             checkpoint.save(t, step)
+        if step in switches:
+            from meshplan.runtime.switch import run_switch
+
+            t, row = run_switch(t, step, *switches[step])
+            metrics.emit(row)
     summary = _summary(rows, cfg, start)
     metrics.emit(summary)
     return rows + [summary]

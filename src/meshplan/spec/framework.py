@@ -25,7 +25,7 @@ CP_KINDS = ("ring", "a2a")
 BEHAVIOUR_FIELDS = ("kernel_library", "fused_kernels", "eager_dtensor", "flash_attention", "sharding", "zero_gather",
                     "overlap_grad_reduce", "overlap_param_gather", "accumulate_unsharded_grads", "tp_comm_overlap",
                     "tp_comm_overlap_supported", "selective_policy", "fused_optimizer", "grad_dtype",
-                    "optimizer_dtype", "default_micro_batch")
+                    "optimizer_dtype", "default_micro_batch", "shards_experts")
 """The fields that change a prediction (a recipe or a CLI flag may override them); the rest describe the preset."""
 CAPABILITY_FIELDS = ("tensor_parallel", "context_parallel", "expert_parallel", "schedules", "max_zero_with_pp",
                      "recompute_modes")
@@ -66,6 +66,10 @@ class FrameworkProfile:
     distributed optimizer, persistent gradient buffers), ``fsdp2`` (torch ``fully_shard`` at every ZeRO level,
     gradients freed between steps), ``fsdp1`` (torch ``FullyShardedDataParallel`` with flat parameters) or
     ``deepspeed_zero``."""
+    shards_experts: bool = True
+    """ZeRO/FSDP also shards routed experts over their expert-data-parallel group (Megatron's distributed
+    optimizer, torchtitan's FSDP over dp_shard_mod_ep); False = experts are sharded by ep only and replicated
+    over their expert-data-parallel ranks."""
     zero_gather: str = "unit"
     """How ZeRO-3 moves parameters: ``unit`` (one all-gather and one reduce-scatter per layer: FSDP units,
     Megatron buckets, DeepSpeed's coalesced gathers) or ``param`` (one per parameter tensor, each paying the
@@ -126,7 +130,7 @@ class FrameworkProfile:
                 raise SpecError(f"framework.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
         for name in ("fused_kernels", "eager_dtensor", "flash_attention", "overlap_grad_reduce",
                      "overlap_param_gather", "accumulate_unsharded_grads", "tp_comm_overlap",
-                     "tp_comm_overlap_supported", "fused_optimizer"):
+                     "tp_comm_overlap_supported", "fused_optimizer", "shards_experts"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"framework.{name}", getattr(self, name), "must be true or false")
         for name, opts in (("context_parallel", CP_KINDS), ("recompute_modes", RECOMPUTE_MODES)):
