@@ -77,3 +77,44 @@ def test_moved_bytes_are_the_transition_models(chains, which):
     norms are the difference: the geometry keeps them whole, the runtime shards them with FSDP)."""
     for s in (r for r in _lines(chains[which]) if "switch" in r):
         assert s["bytes"] == pytest.approx(s["predicted_bytes"], rel=0.02, abs=4096), s
+
+
+def _plan_file(path: Path, model: str = "tiny-llama", **kw) -> Path:
+    lines = [f'model = "{model}"', "[plan]", "global_batch = 4", "seq_len = 32", 'precision = "fp32"']
+    lines += [f"{k} = {str(v).lower() if isinstance(v, bool) else (repr(v) if isinstance(v, str) else v)}"
+              .replace("'", '"') for k, v in kw.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_cli_switch_with_check(tmp_path):
+    """``meshplan run --switch B.toml@1 --switch-check``: the run switches live and reports bit-equality."""
+    from meshplan.cli import main
+
+    a = _plan_file(tmp_path / "a.toml", dp=4, zero=3)
+    b = _plan_file(tmp_path / "b.toml", tp=2, sp=True, pp=2, schedule="1f1b")
+    out = tmp_path / "out"
+    assert main(["run", "--plan", str(a), "--switch", f"{b}@1", "--switch-check", "--steps", "2",
+                 "--out", str(out), "--timeout", str(PG_TIMEOUT_S)]) == 0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    sw = [r for r in rows if "switch" in r]
+    assert len(sw) == 1 and sw[0]["bit_equal"] and sw[0]["to"] == "tp2+sp pp2 dp1 z0"
+
+
+@pytest.mark.parametrize("target, field", [
+    ("b.toml@2", "before the last step"),
+    ("b.toml", "PLAN.toml@STEP"),
+    ("missing.toml@1", "is not a plan file"),
+    ("other.toml@1", "is a plan of tiny-moe"),
+    ("wide.toml@1", "the world has 4"),
+])
+def test_bad_switches_are_refused_before_any_process(tmp_path, capsys, target, field):
+    from meshplan.cli import main
+
+    a = _plan_file(tmp_path / "a.toml", dp=4, zero=3)
+    _plan_file(tmp_path / "b.toml", tp=2, dp=2)
+    _plan_file(tmp_path / "other.toml", model="tiny-moe", dp=4)
+    _plan_file(tmp_path / "wide.toml", dp=8)
+    assert main(["run", "--plan", str(a), "--switch", str(tmp_path / target), "--steps", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and field in err

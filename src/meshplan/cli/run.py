@@ -54,6 +54,24 @@ def writable_folder(flag: str, path: str) -> None:
         raise SpecError(flag, path, f"cannot be written: {probe} is not a writable folder")
 
 
+def parse_switches(texts: list[str], *, model_ref: str, check: bool, dry_run: bool) -> tuple[dict, ...]:
+    """``--switch B.toml@STEP`` values as RunConfig switches; the plan file must be of the same model."""
+    from meshplan.spec.io import read_plan_file
+
+    out = []
+    for text in texts:
+        path, sep, step = text.rpartition("@")
+        if not sep or not path or not step.isdigit():
+            raise SpecError("--switch", text, "expected PLAN.toml@STEP, e.g. b.toml@50 (switch after step 50)")
+        if not Path(path).is_file():
+            raise SpecError("--switch", text, f"{path} is not a plan file")
+        plan, refs = read_plan_file(path)
+        if refs.get("model") and refs["model"] != model_ref:
+            raise SpecError("--switch", text, f"{path} is a plan of {refs['model']}, the run trains {model_ref}")
+        out.append({"step": int(step), "plan": plan.to_dict(), "check": check, "dry_run": dry_run})
+    return tuple(out)
+
+
 @contextlib.contextmanager
 def stops_cleanly():
     """Within the block a stop signal (Ctrl-C, SIGTERM, SIGHUP) ends the command with one line on stderr and the
@@ -111,6 +129,13 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(60.0, "--timeout", help="Process-group timeout (s, > 0)."),
         wall_timeout: Optional[float] = typer.Option(None, "--wall-timeout", help="Stop the whole run, model "
                                                      "build included, after this many seconds."),
+        switch: list[str] = typer.Option([], "--switch", help="Switch live to another plan after a step: "
+                                         "PLAN.toml@STEP (repeatable); parameters and optimizer state move between "
+                                         "ranks, no checkpoint."),
+        switch_check: bool = typer.Option(False, "--switch-check", help="Also load each switch's layout from a "
+                                          "DCP checkpoint and report whether both are bit-equal."),
+        switch_dry_run: bool = typer.Option(False, "--switch-dry-run", help="Plan and price each switch without "
+                                            "moving anything (training stays on the first plan)."),
     ) -> None:
         """Train the plan on torchrun workers; one JSON line of metrics per step, then a summary.
 
@@ -136,9 +161,10 @@ def register(app: typer.Typer) -> None:
         from meshplan.runtime.config import RUNTIME_STACK, RunConfig
         from meshplan.runtime.launch import launch, prepare, progress, start, under_torchrun
 
+        switches = parse_switches(switch, model_ref=model_ref, check=switch_check, dry_run=switch_dry_run)
         cfg = RunConfig(plan=the_plan, model=model_ref, steps=steps, seed=seed, data=data, lr=lr,
                         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
-                        profile_steps=profile_steps, out_dir=out, timeout_s=timeout)
+                        profile_steps=profile_steps, out_dir=out, timeout_s=timeout, switches=switches)
         world = nproc or the_plan.n_gpus
         if under_torchrun():
             raise typer.Exit(launch(cfg, nproc=world))

@@ -107,7 +107,19 @@ def check_host(cfg: RunConfig, nproc: int, *, gpus_ref: str | None = None) -> st
     note = device_note(gpus_ref, host)
     if note:
         progress(note)
-    return preflight(catalog.model(cfg.model), [cfg.plan], cfg.stack, nproc=nproc, host=host)
+    return preflight(catalog.model(cfg.model), held_plans(cfg, host), cfg.stack, nproc=nproc, host=host)
+
+
+def held_plans(cfg: RunConfig, host) -> list:
+    """The plans whose trainers live at once at the run's peak: the plan alone, or at a live switch both layouts
+    (the largest two of the run, conservatively)."""
+    from meshplan.runtime.host import rank_build_bytes, rank_host_bytes
+
+    plans = [cfg.plan] + [p for _, p, _ in cfg.switch_plans()]
+    spec = catalog.model(cfg.model)
+    size = (lambda p: rank_host_bytes(spec, p, cfg.stack)) if host.device == "cpu" else \
+        (lambda p: rank_build_bytes(spec, p))
+    return sorted(plans, key=size, reverse=True)[:2]
 
 
 def prepare(cfg: RunConfig, *, nproc: int, gpus_ref: str | None = None) -> str:
