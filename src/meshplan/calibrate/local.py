@@ -108,7 +108,8 @@ def fit_sync(step: dict, gpu: GPUSpec) -> float:
     """``sync_s`` at which the cost model's time of the measured TP+SP step (``runtime.bench.bench_sync_step``)
     equals the measurement: the model's own count of blocking calls turns the step's excess into a per-call
     cost."""
-    return invert_step(step, gpu, "sync_s", n_gpus=int(step["plan"]["tp"]))
+    plan = step["plan"]
+    return invert_step(step, gpu, "sync_s", n_gpus=int(plan["tp"]) * int(plan.get("dp", 1)))
 
 
 def invert_step(step: dict, gpu: GPUSpec, field: str, *, n_gpus: int) -> float:

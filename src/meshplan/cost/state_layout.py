@@ -67,8 +67,10 @@ class StateKind:
 
 
 def state_kinds(plan: Plan, stack: FrameworkProfile) -> tuple[StateKind, ...]:
-    """The state kinds a plan keeps, with the bytes of ``cost.memory.bytes_per_param`` (ZeRO paper sec. 3.1:
-    2 B weights + 12 B optimizer; FSDP2 and fp32 training keep fp32 weights as the master, sharded from stage 3)."""
+    """The state kinds a plan keeps between steps, with the bytes of ``cost.memory.bytes_per_param`` (ZeRO paper
+    sec. 3.1: 2 B weights + 12 B optimizer; FSDP2 and fp32 training keep fp32 weights as the master, sharded from
+    stage 3). A stack that runs FSDP2 at every ZeRO level keeps only the fp32 sharded parameters and the moments
+    between steps (its 16-bit copy exists while a unit is gathered, which the memory model counts at the peak)."""
     w, _, o = bytes_per_param(plan, stack)
     if stack.sharding == "fsdp2":  # fully_shard at every ZeRO level: fp32 sharded parameters are the master
         moments = 4.0 if stack.optimizer_dtype == "bf16" else 8.0

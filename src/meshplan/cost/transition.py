@@ -235,7 +235,8 @@ def _one(ctx: _Ctx, t: StateTensor, kb: StateKind) -> None:
     acc.fabric += (live - local) * scale
     acc.lost += lost * scale
     crossed = _cells(a_boxes, b_box) * ctx.stages
-    acc.peers = np.maximum(acc.peers, np.where(live > 0, crossed, 0))
+    own_cell = (held > 0).astype(float)  # the part of the new box the rank already holds needs no message
+    acc.peers = np.maximum(acc.peers, np.where(live > 0, crossed - own_cell, 0))
     experts = b_box.experts if t.expert else 1.0
     copied = need > 0 if b.geo.separate else want > 0
     acc.tensors += np.where(copied, t.pieces * ctx.slots_b * experts, 0.0)

@@ -137,7 +137,10 @@ def switch_time(x: TransferBytes, *, phys_b: np.ndarray, pool: Pool, calib: Cali
     bound = float(busiest(1.0, 1.0).max()) if inflow.size else 0.0
     messages = x.peers + (chunks if chunks else 0)
     latency = np.where(x.in_fabric > 0, lat_f, lat_l) * messages
-    transfer = float((busiest(calib.intra_eff, calib.inter_eff) + latency).max()) if inflow.size else 0.0
+    # Packing what a rank sends into one buffer per peer and unpacking what it receives: one read and one write
+    # of each byte in device memory (torch.cat and copy_ in runtime/reshard.py; NeMo-RL packs the same way).
+    packing = (inflow + out_l + out_f) * 2 / (pool.gpu.hbm_bandwidth * calib.mem_eff)
+    transfer = float((busiest(calib.intra_eff, calib.inter_eff) + latency + packing).max()) if inflow.size else 0.0
     rebuild = 0.0 if costs.groups_prebuilt else new_groups * (costs.comm_init_cpu_s if cpu else costs.comm_init_s)
     storage = float(x.lost.max()) / (costs.storage_gbs_per_gpu * 1e9) if x.lost.size else 0.0
     peak = float((resident + np.minimum(staging, inflow + out_l + out_f)).max())

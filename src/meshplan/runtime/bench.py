@@ -169,8 +169,26 @@ def bench_sync_step(*, device: torch.device, warmup: int = 2, steps: int = 5) ->
     cost that a synthetic compute + all-reduce loop did not reproduce (0.03-1.4 ms there vs 2-5 ms per call in
     real steps: the peer's threads wake between real compute, not between back-to-back GEMMs).
     ``calibrate.local.fit_sync`` turns it into ``sync_s`` through the cost model's own count of calls."""
-    plan = {**SYNC_STEP["plan"], "tp": dist.get_world_size()}
+    plan = {**SYNC_STEP["plan"], **sync_degrees(dist.get_world_size())}
     return {**SYNC_STEP, "plan": plan, "s": _min_step({**SYNC_STEP, "plan": plan}, device, warmup, steps)}
+
+
+def sync_degrees(world: int) -> dict:
+    """tp as large as the world allows with the probe model's heads dividing (4 of its 6 heads do not), the rest
+    data-parallel, so that the step fills every rank."""
+    from meshplan import catalog
+    from meshplan.spec.checks import plan_violations
+    from meshplan.spec.plan import Plan
+
+    spec = catalog.model(SYNC_STEP["model"])
+    base = {k: v for k, v in SYNC_STEP["plan"].items() if k != "framework"}
+    for tp in range(world, 0, -1):
+        if world % tp:
+            continue
+        plan = Plan(**{**base, "sp": tp > 1, "tp": tp, "dp": world // tp})
+        if not plan_violations(spec, catalog.cluster(f"{world}xcpu"), plan):
+            return {"tp": tp, "dp": world // tp, "sp": tp > 1}
+    return {"tp": 1, "dp": world, "sp": False}
 
 
 def _min_step(step: dict, device: torch.device, warmup: int, steps: int) -> float:

@@ -186,7 +186,9 @@ def run(cfg: RunConfig, device: torch.device) -> list[dict]:
     began = time.perf_counter()
     meshes = build_meshes(cfg.plan, device.type)
     t = build_trainer(cfg, spec, meshes, device)
+    built = time.perf_counter() - began
     start = checkpoint.maybe_resume(t) if cfg.resume else 0
+    resumed = time.perf_counter() - began - built
     say(f"built in {time.perf_counter() - began:.1f} s" + (f", resumed at step {start}" if start else "") +
         f"; training steps {start + 1}..{cfg.steps}")
     metrics, rows = _Metrics(cfg, rank), []
@@ -206,17 +208,19 @@ def run(cfg: RunConfig, device: torch.device) -> list[dict]:
                 dist.barrier()
         if prof is not None and cfg.out_dir:
             prof.export_chrome_trace(str(Path(cfg.out_dir) / f"trace-step{step}-rank{rank}.json"))
-        rows.append(row)
-        metrics.emit(row)
         every = cfg.checkpoint_every
         if cfg.checkpoint_dir and ((every and step % every == 0) or step == cfg.steps):
+            saving = time.perf_counter()
             checkpoint.save(t, step)
+            row["checkpoint_s"] = time.perf_counter() - saving
+        rows.append(row)
+        metrics.emit(row)
         if step in switches:
             from meshplan.runtime.switch import run_switch
 
             t, row = run_switch(t, step, *switches[step])
             metrics.emit(row)
-    summary = _summary(rows, cfg, start)
+    summary = {**_summary(rows, cfg, start), "build_s": built, "resume_s": resumed}
     metrics.emit(summary)
     return rows + [summary]
 
