@@ -271,7 +271,7 @@ class Boxes:
 
     def take(self, idx: np.ndarray) -> "Boxes":
         """The boxes of ranks ``idx``."""
-        return Boxes(self.lo[:, idx], self.hi[:, idx], self.key[idx])
+        return Boxes(np.take(self.lo, idx, axis=1), np.take(self.hi, idx, axis=1), np.take(self.key, idx))
 
     @property
     def experts(self) -> np.ndarray:
