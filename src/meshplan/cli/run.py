@@ -136,6 +136,9 @@ def register(app: typer.Typer) -> None:
                                           "DCP checkpoint and report whether both are bit-equal."),
         switch_dry_run: bool = typer.Option(False, "--switch-dry-run", help="Plan and price each switch without "
                                             "moving anything (training stays on the first plan)."),
+        elastic: int = typer.Option(0, "--elastic", min=0, help="When ranks are killed, re-plan for the survivors "
+                                    "and resume from the last checkpoint, up to this many times (needs "
+                                    "--checkpoint-dir)."),
     ) -> None:
         """Train the plan on torchrun workers; one JSON line of metrics per step, then a summary.
 
@@ -146,6 +149,8 @@ def register(app: typer.Typer) -> None:
 
         _check_flags(steps=steps, nproc=nproc, lr=lr, timeout=timeout, wall_timeout=wall_timeout,
                      checkpoint=(checkpoint_dir, checkpoint_every, resume), out=out, seed=seed)
+        if elastic and not checkpoint_dir:
+            raise SpecError("--elastic", elastic, "needs --checkpoint-dir (a restart resumes from its last checkpoint)")
         profile_steps = _profile_steps(profile, steps)
         if profile_steps and not out:
             raise SpecError("--profile", profile, "needs --out FOLDER for the traces")
@@ -173,6 +178,11 @@ def register(app: typer.Typer) -> None:
             if the_plan.framework != RUNTIME_STACK:
                 progress(f"note: the plan was predicted for {the_plan.framework}; meshplan's runtime runs it as "
                          f"the {RUNTIME_STACK} stack (predict that with --framework {RUNTIME_STACK})")
-            rc = start(cfg, nproc=world, summary=summary, timeout_s=wall_timeout)
+            if elastic:
+                from meshplan.runtime.launch import start_elastic
+
+                rc = start_elastic(cfg, nproc=world, summary=summary, restarts=elastic, timeout_s=wall_timeout)
+            else:
+                rc = start(cfg, nproc=world, summary=summary, timeout_s=wall_timeout)
         if rc:
             raise typer.Exit(rc)

@@ -75,8 +75,8 @@ def _details(opt: SwitchOption) -> list[str]:
     x, t, m = opt.bytes, opt.time, opt.rank_map
     lines = [f"  switch {t.total_s:.2f} s = transfer {t.transfer_s:.2f} s (bound {t.bound_s:.2f} s at rated "
              f"bandwidth; {t.chunks} chunk(s) of {t.staging / GiB:.1f} GiB, {t.messages} messages on the busiest "
-             f"rank) + communicators {t.rebuild_s:.2f} s" + (f" + storage reads {t.storage_s:.2f} s" if t.storage_s
-                                                             else ""),
+             f"rank) + fixed and per-tensor work {t.overhead_s:.2f} s + communicators {t.rebuild_s:.2f} s"
+             + (f" + storage reads {t.storage_s:.2f} s" if t.storage_s else ""),
              f"  busiest rank receives {x.in_local.max() / GiB:.2f} GiB over NVLink and {x.in_fabric.max() / GiB:.2f}"
              f" GiB over the NICs; peak {t.peak_bytes / GiB:.1f} GiB of state + staging per rank; through a "
              f"checkpoint instead: {t.checkpoint_s:.0f} s (save, restart, load)"]

@@ -147,6 +147,29 @@ def start(cfg: RunConfig, *, nproc: int, summary: str, timeout_s: float | None =
     return done.returncode if done.returncode >= 0 else 128 - done.returncode
 
 
+def start_elastic(cfg: RunConfig, *, nproc: int, summary: str, restarts: int, timeout_s: float | None = None) -> int:
+    """``start`` that survives killed ranks (``runtime.elastic``): each attempt's output is captured to find
+    them, then printed."""
+    from meshplan.runtime.elastic import run_elastic
+    from meshplan.runtime.procs import run_tree
+
+    progress(f"run: {cfg.model}, {cfg.steps} steps on {summary}; up to {restarts} restart(s) on the survivors")
+
+    def once(c: RunConfig, world: int) -> tuple[int, str]:
+        with tempfile.TemporaryDirectory(prefix="meshplan-run-") as tmp:
+            path = Path(tmp) / "config.json"
+            path.write_text(c.to_json())
+            done = run_tree(torchrun_command(str(path), world), timeout_s=timeout_s, capture=True,
+                            env=worker_env(world))
+        sys.stdout.write(done.stdout or "")
+        sys.stdout.flush()
+        if done.timed_out:
+            return 124, (done.stderr or "") + f"\nerror: the run exceeded --wall-timeout {timeout_s:g} s\n"
+        return (done.returncode if done.returncode >= 0 else 128 - done.returncode), done.stderr or ""
+
+    return run_elastic(cfg, nproc=nproc, restarts=restarts, timeout_s=timeout_s, start=once)
+
+
 def launch(cfg: RunConfig, *, nproc: int, timeout_s: float | None = None, gpus_ref: str | None = None) -> int:
     """Run ``cfg`` on ``nproc`` processes (``prepare``, then ``start``); returns the exit status. ``gpus_ref``: the
     cluster the plan was made for (a note says when the runtime uses another device kind). Under torchrun, the
