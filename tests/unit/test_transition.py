@@ -1,5 +1,5 @@
 """Bytes of a layout switch (``cost.transition``) and the rank map that keeps state in place
-(``search.rankmap``), on Llama-3-70B over 64 GPUs in scale-up domains of 8 under Megatron-Core, with values
+(``cost.rankmap``), on Llama-3-70B over 64 GPUs in scale-up domains of 8 under Megatron-Core, with values
 checked by hand."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 
 from meshplan import catalog
 from meshplan.cost.memory import model_params
+from meshplan.cost.rankmap import choose_rank_map, default_phys, digit_rotations, kept_bytes, slot_orders
 from meshplan.cost.state_layout import boxes, geometry, resident_bytes, slots_held, state_groups, state_tensors
 from meshplan.cost.transition import Placement, transfer_bytes
-from meshplan.search.rankmap import choose_rank_map, default_phys, digit_rotations, kept_bytes, slot_orders
 from meshplan.spec.plan import Plan
 
 MODEL = catalog.model("llama3-70b")

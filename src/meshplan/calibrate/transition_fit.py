@@ -23,10 +23,10 @@ import numpy as np
 
 from meshplan import catalog
 from meshplan.cost.calib import gpu_calibration
+from meshplan.cost.rankmap import choose_rank_map
 from meshplan.cost.state_layout import geometry, state_groups, weights_only
 from meshplan.cost.transition import Placement, transfer_bytes
 from meshplan.cost.transition_time import Overhead, SwitchCosts, SwitchTime, new_groups, switch_time
-from meshplan.search.rankmap import choose_rank_map
 from meshplan.spec.io import parse_gpus
 from meshplan.spec.plan import Plan
 

@@ -73,11 +73,10 @@ def run_elastic(cfg: RunConfig, *, nproc: int, restarts: int, timeout_s: float |
         if world < 1:
             return rc
         plan = survivor_plan(cfg, world)
-        from meshplan.report.layout import layout_short
         from meshplan.runtime.checkpoint import latest
 
         found = latest(cfg.checkpoint_dir)
-        print(json.dumps({"restart": attempt, "lost_ranks": lost, "survivors": world, "plan": layout_short(plan),
+        print(json.dumps({"restart": attempt, "lost_ranks": lost, "survivors": world, "plan": plan.to_dict(),
                           "gpus_used": plan.n_gpus, "resume_from_step": found[0] if found else 0}), flush=True)
         cfg = replace(cfg, plan=plan, resume=True, fail_at_step=0, switches=())
         world = plan.n_gpus

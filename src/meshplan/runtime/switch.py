@@ -148,9 +148,8 @@ def run_switch(t: Trainer, step: int, plan_b: Plan, opts: dict) -> tuple[Trainer
     view, maxima and sums over ranks). A plan that needs state no rank holds is refused before anything moves,
     and training goes on under A."""
     from meshplan.errors import PlanError
-    from meshplan.report.layout import layout_short
 
-    row = {"switch": step, "from": layout_short(t.cfg.plan), "to": layout_short(plan_b),
+    row = {"switch": step, "from": t.cfg.plan.to_dict(), "to": plan_b.to_dict(),
            **predict(t.spec, t.cfg.plan, plan_b, t.cfg.stack)}
     try:
         if opts.get("dry_run"):

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from meshplan.cost.calib import gpu_calibration
+from meshplan.cost.rankmap import RankMap, choose_rank_map
 from meshplan.cost.state_layout import geometry, state_groups
 from meshplan.cost.transition import Placement, TransferBytes, transfer_bytes
 from meshplan.cost.transition_time import SwitchCosts, SwitchTime, new_groups, switch_time
 from meshplan.errors import PlanError, SpecError
 from meshplan.search.driver import search
-from meshplan.search.rankmap import RankMap, choose_rank_map
 from meshplan.search.request import SearchRequest
 from meshplan.search.result import RankedPlan, SearchResult
 from meshplan.spec.checks import check_plan

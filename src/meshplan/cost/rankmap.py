@@ -1,4 +1,5 @@
-"""Which GPU plays which rank of the new layout: the assignment that keeps the most state where it already is.
+"""Which GPU plays which rank of the new layout: the assignment that keeps the most state where it already is (a
+pure function of two layouts' geometries, so the planner and the switch-overhead fit use the same one).
 
 The same pair of layouts can move almost nothing or almost all optimizer state depending on the rank map
 (``shared/notes/elastic.md`` sec. 4.3); every system in use takes a fixed order (torchrun renumbers survivors in
