@@ -52,7 +52,6 @@ MOE = (  # expert parallelism changes: ep 2 -> 4 -> tp2 with experts over tp -> 
     dict(dp=4, ep=4, zero=3),
     dict(tp=2, sp=True, dp=2, ep=2, zero=1),
     dict(dp=4, zero=3),
-    dict(dp=4, ep=2, zero=3),
     dict(dp=2, ep=2, pp=2),
     dict(dp=2, tp=2, sp=True),
     dict(dp=2, tp=2, ep=4, sp=True),  # ep not inside dp
@@ -67,9 +66,9 @@ MLA_MODEL = {"name": "tiny-mla-q", "n_layers": 4, "hidden": 64, "n_heads": 4, "n
 MLA = (dict(dp=2, tp=2, sp=True, zero=3), dict(dp=4, zero=1))
 
 
-CHECKED = 8
-"""Switches per chain also done through a DCP checkpoint and compared bit for bit (the rest check the numbers
-only: the storage route is the slow part of the test)."""
+CHECKED = 4
+"""Switches per chain also done through a DCP checkpoint and compared bit for bit, 10 in all over the four chains
+(the rest check the numbers only, to keep the suite's time)."""
 
 
 def _chain(tmp: Path, name: str, model: str, layouts: tuple) -> RunConfig:
