@@ -166,3 +166,12 @@ def test_bad_switches_are_refused_before_any_process(tmp_path, capsys, target, f
     assert main(["run", "--plan", str(a), "--switch", str(tmp_path / target), "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and field in err
+
+
+def test_elastic_needs_a_checkpoint_folder(tmp_path, capsys):
+    from meshplan.cli import main
+
+    a = _plan_file(tmp_path / "a.toml", dp=2, zero=3)
+    assert main(["run", "--plan", str(a), "--elastic", "1", "--steps", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--elastic" in err and "--checkpoint-dir" in err

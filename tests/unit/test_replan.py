@@ -95,6 +95,9 @@ def test_added_gpus_with_no_gain_keep_the_current_layout(tiny_plan, capsys):
     (["--min-gain", "1.5"], "--min-gain"),
     (["--old-gpus", "8xh100-sxm"], "--from"),
     (["--model", "llama3-70b"], "--model"),
+    (["--storage-gbs", "-1"], "--storage-gbs"),
+    (["--max-memory-fraction", "5"], "max_memory_fraction"),
+    (["--remaining-steps", "-3"], "--remaining-steps"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tiny_plan, capsys, args, field):
     assert main(["replan", "--from", str(tiny_plan), *args]) == 2
