@@ -40,6 +40,9 @@ def test_sigkill_then_shrink_resumes_and_finishes(tmp_path, capsys):
     plan = Plan(global_batch=4, seq_len=32, precision="fp32", dp=2, zero=3)
     cfg = RunConfig(plan=plan, model="tiny-llama", steps=6, out_dir=str(tmp_path / "out"), timeout_s=PG_TIMEOUT_S,
                     checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2, fail_at_step=4)
+    ckpt = Path(cfg.checkpoint_dir)
+    (ckpt / "step-00000004.tmp").mkdir(parents=True)  # half-written checkpoints must never be picked up:
+    (ckpt / "step-00000004").mkdir()  # neither a temporary folder nor one without its meta.json
     began = time.monotonic()
     rc = start_elastic(cfg, nproc=2, summary="test", restarts=1, timeout_s=400)
     assert rc == 0
@@ -47,6 +50,8 @@ def test_sigkill_then_shrink_resumes_and_finishes(tmp_path, capsys):
     restart = [r for r in lines if "restart" in r]
     assert len(restart) == 1 and restart[0]["lost_ranks"] == [1] and restart[0]["survivors"] == 1
     assert restart[0]["resume_from_step"] == 2 and restart[0]["gpus_used"] == 1
+    # The killed rank ends the attempt in seconds, not at the 120 s process-group timeout.
+    assert restart[0]["failed_attempt_s"] < 60
     rows = [json.loads(x) for x in (Path(cfg.out_dir) / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "step" in r and "switch" not in r and not r.get("summary")]
     got = {r["step"]: r["loss"] for r in steps}  # the resumed run rewrites steps 3.. on the new layout

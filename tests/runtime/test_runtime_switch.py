@@ -5,7 +5,8 @@ single-process reference, and the bytes moved are the transition model's.
 The chains also carry every 4-process layout the runtime supports (each trains one step between switches, so a
 layout is checked both on its own numerics and as a switch's source and target): HSDP, TP+SP with FSDP or
 ZeRO-1 and full recompute, CP ring and all-to-all, another rank order, kv heads replicated over tp, EP over
-dp, pp, cp or not in dp, etp, MLA with tp, and tied embeddings under pp."""
+dp, pp, cp or not in dp, etp, MLA with tp, tied embeddings under pp, and uneven data-parallel batch shares on two
+GPU pools (weighted gradient averaging) under HSDP, TP+SP, PP and ZeRO-1."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from runtime_helpers import PG_TIMEOUT_S, TOL, check_ok, launch
 from meshplan import catalog
 from meshplan.runtime.config import RunConfig
 from meshplan.runtime.train import reference_rows
+from meshplan.spec.checks import replica_shares
 from meshplan.spec.plan import Plan
 
 pytestmark = pytest.mark.runtime
@@ -26,8 +28,8 @@ NORM_RTOL = 1e-5
 """Largest relative gradient-norm error accepted in fp32 (as test_runtime_layouts)."""
 
 
-def _plan(**kw) -> Plan:
-    return Plan(global_batch=4, seq_len=32, precision="fp32", **kw)
+def _plan(global_batch: int = 4, **kw) -> Plan:
+    return Plan(global_batch=global_batch, seq_len=32, precision="fp32", **kw)
 
 
 # Each layout switches to the next: FSDP, TP+SP, PP (2 and 4 stages, two schedules, an uneven split), CP, HSDP,
@@ -64,17 +66,31 @@ MLA_MODEL = {"name": "tiny-mla-q", "n_layers": 4, "hidden": 64, "n_heads": 4, "n
              "ffn_hidden": 128, "vocab": 256, "attention_kind": "mla", "kv_lora_rank": 16, "qk_rope_head_dim": 8,
              "v_head_dim": 12, "q_lora_rank": 32}
 MLA = (dict(dp=2, tp=2, sp=True, zero=3), dict(dp=4, zero=1))
+# Uneven batch shares on two pools of 2 GPUs (a mixed cluster's plans, global batch 8): HSDP inside each pool with
+# 3 and 1 micro-batches per replica; the world shrinks to 2 ranks (2 idle) under FSDP and TP, grows back to a
+# 2-stage pipeline with 5 and 3 micro-batches (two schedules of different lengths), then ZeRO-1 with 1 and 3.
+UNEVEN_POOLS = (2, 2)
+UNEVEN = (
+    dict(dp=4, zero=3, dp_shard=2, batch_shares=(3, 1)),
+    dict(dp=2, zero=3),
+    dict(tp=2, sp=True),
+    dict(pp=2, dp=2, schedule="1f1b", rank_order="tp-cp-ep-pp-dp", batch_shares=(5, 3)),
+    dict(dp=4, zero=1, dp_shard=2, batch_shares=(1, 3)),
+)
+UNEVEN_CHECKED = (0, 2)
+"""The uneven chain's switches done through DCP too: the shrink to 2 ranks and the growth back to 4."""
 
 
 CHECKED = 4
-"""Switches per chain also done through a DCP checkpoint and compared bit for bit, 10 in all over the four chains
+"""Switches per chain also done through a DCP checkpoint and compared bit for bit, 13 in all over the five chains
 (the rest check the numbers only, to keep the suite's time)."""
 
 
-def _chain(tmp: Path, name: str, model: str, layouts: tuple) -> RunConfig:
-    plans = [_plan(**kw) for kw in layouts]
-    switches = tuple({"step": i + 1, "plan": p.to_dict(), "check": i < CHECKED} for i, p in enumerate(plans[1:]))
-    return RunConfig(plan=plans[0], model=model, steps=len(plans), out_dir=str(tmp / name),
+def _chain(tmp: Path, name: str, model: str, layouts: tuple, *, global_batch: int = 4,
+           pools: tuple[int, ...] = (), checked: tuple[int, ...] = tuple(range(CHECKED))) -> RunConfig:
+    plans = [_plan(global_batch, **kw) for kw in layouts]
+    switches = tuple({"step": i + 1, "plan": p.to_dict(), "check": i in checked} for i, p in enumerate(plans[1:]))
+    return RunConfig(plan=plans[0], model=model, steps=len(plans), out_dir=str(tmp / name), pools=pools,
                      timeout_s=PG_TIMEOUT_S, switches=switches)
 
 
@@ -82,7 +98,7 @@ def _lines(cfg: RunConfig) -> list[dict]:
     return [json.loads(x) for x in (Path(cfg.out_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
-NAMES = ("dense", "moe", "gpt", "mla")
+NAMES = ("dense", "moe", "gpt", "mla", "uneven")
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +107,8 @@ def chains(tmp_path_factory):
     mla = tmp / "tiny-mla-q.json"
     mla.write_text(json.dumps(MLA_MODEL))
     cfgs = [_chain(tmp, "dense", "tiny-llama", DENSE), _chain(tmp, "moe", "tiny-moe", MOE),
-            _chain(tmp, "gpt", "tiny-gpt", GPT), _chain(tmp, "mla", str(mla), MLA)]
+            _chain(tmp, "gpt", "tiny-gpt", GPT), _chain(tmp, "mla", str(mla), MLA),
+            _chain(tmp, "uneven", "tiny-llama", UNEVEN, global_batch=8, pools=UNEVEN_POOLS, checked=UNEVEN_CHECKED)]
     check_ok(launch(cfgs, nproc=4, tmp=tmp, timeout=600))
     return cfgs
 
@@ -103,13 +120,38 @@ def test_every_switch_equals_the_checkpoint_route_and_keeps_the_reference_number
     switches = [r for r in lines if "switch" in r]
     assert len(switches) == len(cfg.switches) and all("error" not in s for s in switches), switches
     checked = [s for s in switches if "bit_equal" in s]
-    assert len(checked) == min(CHECKED, len(switches))
+    assert len(checked) == sum(bool(s.get("check")) for s in cfg.switches)
     assert all(s["bit_equal"] for s in checked), [(s["from"], s["to"]) for s in checked if not s["bit_equal"]]
     rows = [r for r in lines if "step" in r and "switch" not in r and not r.get("summary")]
     ref = reference_rows(RunConfig(plan=cfg.plan, model=cfg.model, steps=cfg.steps))
     assert len(rows) == cfg.steps
     assert max(abs(r["loss"] - x["loss"]) for r, x in zip(rows, ref)) < TOL, (rows, ref)
     assert max(abs(r["grad_norm"] / x["grad_norm"] - 1) for r, x in zip(rows, ref)) < NORM_RTOL
+
+
+def test_uneven_batch_shares_train_their_own_rows(chains):
+    """Each replica of a batch-shares plan trains share * micro_batch sequences of the global batch (the losses
+    above equal the reference only because the replicas' gradients are weighted by those shares)."""
+    cfg = chains[NAMES.index("uneven")]
+    rows = [r for r in _lines(cfg) if "step" in r and "switch" not in r and not r.get("summary")]
+    plans = [cfg.plan] + [p for _, p, _ in cfg.switch_plans()]
+    got = [r.get("replica_sequences") for r in rows]
+    want = [[s * p.micro_batch for s in replica_shares(p, UNEVEN_POOLS)] if p.batch_shares else None for p in plans]
+    assert got == want == [[3, 3, 1, 1], None, None, [5, 3], [1, 1, 3, 3]]
+
+
+def test_shrink_and_grow_move_state_to_and_from_idle_ranks(chains):
+    """Shrinking 4 ranks to 2 leaves ranks 2 and 3 idle with nothing; growing back fills them from ranks 0 and 1:
+    the runtime's moved bytes are the transition model's (whose rank map is the same identity), and both are
+    bit-equal to the DCP route (checked above)."""
+    cfg = chains[NAMES.index("uneven")]
+    sw = {(s["from"].get("dp", 1) * s["from"].get("tp", 1) * s["from"].get("pp", 1),
+           s["to"].get("dp", 1) * s["to"].get("tp", 1) * s["to"].get("pp", 1)): s
+          for s in _lines(cfg) if "switch" in s}
+    shrink, grow = sw[(4, 2)], sw[(2, 4)]
+    assert shrink["bit_equal"] and grow["bit_equal"]
+    for s in (shrink, grow):
+        assert s["bytes"] == pytest.approx(s["predicted_bytes"], rel=0.02, abs=4096), s
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=NAMES[:2])
@@ -175,3 +217,27 @@ def test_elastic_needs_a_checkpoint_folder(tmp_path, capsys):
     assert main(["run", "--plan", str(a), "--elastic", "1", "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--elastic" in err and "--checkpoint-dir" in err
+
+
+def test_replica_rows_tile_the_global_batch():
+    from meshplan.runtime.data import replica_rows
+
+    plan = _plan(8, dp=4, zero=3, dp_shard=2, batch_shares=(3, 1))
+    shares = replica_shares(plan, (2, 2))
+    assert shares == (3, 3, 1, 1) and replica_shares(_plan(8, dp=4), (4,)) == (2, 2, 2, 2)
+    rows = [replica_rows(shares, dp_rank=d, micro_batch=1) for d in range(4)]
+    assert [(r.start, r.stop) for r in rows] == [(0, 3), (3, 6), (6, 7), (7, 8)]
+
+
+def test_uneven_shares_need_the_plan_files_pools(tmp_path, capsys):
+    """A plan with batch shares runs on the pools its file names (``gpus``), and is refused without them."""
+    from meshplan.cli import main
+    from meshplan.cli.run import run_pools
+
+    shares = _plan(8, dp=4, zero=3, dp_shard=2, batch_shares=(3, 1))
+    assert run_pools("2xh100-sxm+2xa100", [shares]) == (2, 2) and run_pools("4xh100-sxm", [shares]) == ()
+    a = _plan_file(tmp_path / "a.toml", dp=4, zero=3, dp_shard=2, batch_shares=[3, 1])
+    a.write_text(a.read_text().replace("global_batch = 4", "global_batch = 8"))
+    assert main(["run", "--plan", str(a), "--steps", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "batch_shares" in err and "gpus" in err

@@ -72,6 +72,19 @@ def parse_switches(texts: list[str], *, model_ref: str, check: bool, dry_run: bo
     return tuple(out)
 
 
+def run_pools(gpus_ref: str | None, plans: list) -> tuple[int, ...]:
+    """GPUs per pool of the cluster the plan file names (``gpus``), when it has several pools: uneven batch shares
+    are per pool. A plan with shares needs them."""
+    from meshplan import catalog
+
+    pools = tuple(p.n_gpus for p in catalog.cluster(gpus_ref).pools) if gpus_ref else ()
+    shares = next((p.batch_shares for p in plans if p.batch_shares), ())
+    if shares and not pools:
+        raise SpecError("plan.batch_shares", list(shares), "are micro-batches per GPU pool: the plan file needs "
+                        "gpus = \"...\" naming its pools, as meshplan plan --out writes it")
+    return pools if len(pools) > 1 else ()
+
+
 @contextlib.contextmanager
 def stops_cleanly():
     """Within the block a stop signal (Ctrl-C, SIGTERM, SIGHUP) ends the command with one line on stderr and the
@@ -167,7 +180,10 @@ def register(app: typer.Typer) -> None:
         from meshplan.runtime.launch import launch, prepare, progress, start, under_torchrun
 
         switches = parse_switches(switch, model_ref=model_ref, check=switch_check, dry_run=switch_dry_run)
-        cfg = RunConfig(plan=the_plan, model=model_ref, steps=steps, seed=seed, data=data, lr=lr,
+        from meshplan.spec.io import plan_from_dict
+
+        pools = run_pools(refs.get("gpus"), [the_plan] + [plan_from_dict(s["plan"]) for s in switches])
+        cfg = RunConfig(plan=the_plan, model=model_ref, steps=steps, seed=seed, data=data, lr=lr, pools=pools,
                         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                         profile_steps=profile_steps, out_dir=out, timeout_s=timeout, switches=switches)
         world = nproc or the_plan.n_gpus

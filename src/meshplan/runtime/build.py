@@ -4,6 +4,7 @@ the pipeline schedule."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,7 @@ from meshplan.runtime.models.decoder import Decoder, build_decoder
 from meshplan.runtime.models.moe import ExpertGroup, MoE
 from meshplan.runtime.parallelize import parallelize
 from meshplan.runtime.pipeline import build_schedule, stage_layers, stages_of_rank
+from meshplan.spec.checks import replica_shares
 from meshplan.spec.model import ModelSpec
 
 
@@ -27,6 +29,11 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     ``loss_context`` around forward and backward; the loss comes back as a plain (replicated) tensor."""
     loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
     return loss.to_local() if isinstance(loss, DTensor) else loss
+
+
+def weighted_loss(logits: torch.Tensor, targets: torch.Tensor, *, weight: float) -> torch.Tensor:
+    """``loss_fn`` times a micro-batch's weight (the pipeline schedule's loss under uneven batch shares)."""
+    return loss_fn(logits, targets) * weight
 
 
 def loss_context(t: "Trainer"):
@@ -93,6 +100,12 @@ class Trainer:
     """Tied-embedding copies across pipeline stages, or None."""
     bf16: bool = False
     """Compute in bf16 through FSDP2's mixed-precision policy (fp32 master weights and gradient reduction)."""
+    n_micro: int = 1
+    """Micro-batches this rank's replica runs per step (its batch share; the plan's n_micro when even)."""
+    micro_weight: float | None = None
+    """Uneven batch shares: the factor dp * micro_batch / global_batch on every micro-batch's mean loss, so that
+    the data-parallel average of the replicas' summed gradients is the global-batch mean. None (even shares): each
+    micro-batch's loss / n_micro, and the pipeline schedule's own 1/n_micro gradient scaling."""
 
 
 def expert_mesh(meshes: Meshes, device_type: str) -> DeviceMesh:
@@ -144,18 +157,25 @@ def _tp_partial_params(parts: list[Decoder], *, experts_too: bool, sp: bool) -> 
     return tuple(out)
 
 
-def _tied_sync(plan, meshes: Meshes, parts: list[Decoder], stage_ids: tuple[int, ...]) -> TiedSync:
-    """Copies of the tied embedding on this rank and the pp pair holding the first and the last stage."""
+def _tied_group(plan, meshes: Meshes):
+    """The pp pair holding the first and the last stage that this rank is in (None when one rank holds both, or
+    this rank is in none). Every rank of the world creates every pair's group, in the same order."""
     holder = {s: r for r in range(plan.pp) for s in stages_of_rank(plan, r)}
     first, last = holder[0], holder[plan.n_stages - 1]
     group = None
     if first != last:
         names = meshes.world.mesh_dim_names
         rows = meshes.world.mesh.movedim(names.index("pp"), -1).reshape(-1, plan.pp)
-        for row in rows.tolist():  # every rank creates every group, in the same order
+        for row in rows.tolist():
             g = dist.new_group([row[first], row[last]])
             if dist.get_rank() in (row[first], row[last]):
                 group = g
+    return group
+
+
+def _tied_sync(plan, meshes: Meshes, parts: list[Decoder], stage_ids: tuple[int, ...]) -> TiedSync:
+    """Copies of the tied embedding on this rank and the pp pair holding the first and the last stage."""
+    group = _tied_group(plan, meshes)
     params = tuple(p.tok_embeddings.weight for p in parts if p.tok_embeddings is not None)
     duplicate = tuple(p.tok_embeddings.weight for p, s in zip(parts, stage_ids)
                       if p.tok_embeddings is not None and s != 0)
@@ -189,6 +209,8 @@ def build_trainer(cfg: RunConfig, spec: ModelSpec, meshes: Meshes, device: torch
     bf16 (default: ``uses_bf16``; memcheck forces it to simulate a GPU run on fake CPU tensors); ``ep_mesh``:
     the expert mesh when built beforehand (memcheck builds meshes outside fake mode; they read real ranks)."""
     plan = cfg.plan
+    if not meshes.active:
+        return _idle_trainer(cfg, spec, meshes, device)
     bf16 = uses_bf16(plan, device.type) if bf16 is None else bf16
     stage_ids = stages_of_rank(plan, meshes.rank_in("pp")) if plan.pp > 1 else (0,)
     positions = cp_positions(plan.seq_len, cp_rank=meshes.rank_in("cp"), cp=plan.cp,
@@ -207,16 +229,32 @@ def build_trainer(cfg: RunConfig, spec: ModelSpec, meshes: Meshes, device: torch
     # The stack's fused_optimizer: torch's multi-tensor (foreach) AdamW, or its per-tensor loop.
     optimizers = tuple(torch.optim.AdamW(_mesh_groups(p), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
                                          foreach=cfg.stack.fused_optimizer) for p in parts)
+    n_micro = replica_shares(plan, cfg.pool_sizes())[meshes.rank_in("dp")]
+    # Uneven shares: every sequence weighs the same in the DP average (torch's schedule scales gradients by
+    # 1/n_micro after the data-parallel reduction, which would weigh replicas unequally, so it is turned off).
+    weight = plan.dp * plan.micro_batch / plan.global_batch if plan.batch_shares else None
     schedule = None
     if plan.pp > 1:
-        schedule = build_schedule(plan=plan, parts=parts, stage_ids=stage_ids, device=device,
-                                  group=meshes.axis("pp").get_group(), loss_fn=loss_fn)
+        schedule = build_schedule(plan=plan, parts=parts, stage_ids=stage_ids, device=device, n_micro=n_micro,
+                                  group=meshes.axis("pp").get_group(), scale_grads=weight is None,
+                                  loss_fn=loss_fn if weight is None else partial(weighted_loss, weight=weight))
     experts = ExpertSync(mesh=ep_mesh, divide=plan.dp * plan.cp) if ep_mesh is not None else None
-    partial = _tp_partial_params(parts, experts_too=ep_mesh is None, sp=plan.sp) if plan.tp > 1 else ()
+    tp_partial = _tp_partial_params(parts, experts_too=ep_mesh is None, sp=plan.sp) if plan.tp > 1 else ()
     tied = _tied_sync(plan, meshes, parts, stage_ids) if plan.pp > 1 and spec.tied_embeddings else None
     return Trainer(cfg=cfg, spec=spec, meshes=meshes, device=device, parts=tuple(parts), stage_ids=stage_ids,
                    optimizers=optimizers, schedule=schedule, positions=positions, experts=experts,
-                   tp_partial=partial, tied=tied, bf16=bf16)
+                   tp_partial=tp_partial, tied=tied, bf16=bf16, n_micro=n_micro, micro_weight=weight)
+
+
+def _idle_trainer(cfg: RunConfig, spec: ModelSpec, meshes: Meshes, device: torch.device) -> Trainer:
+    """A rank outside the plan's mesh holds nothing; it still takes part in creating the groups the others do."""
+    plan = cfg.plan
+    if spec.is_moe and plan.ep * plan.etp > 1:
+        expert_mesh(meshes, device.type)
+    if plan.pp > 1 and spec.tied_embeddings:
+        _tied_group(plan, meshes)
+    return Trainer(cfg=cfg, spec=spec, meshes=meshes, device=device, parts=(), stage_ids=(), optimizers=(),
+                   schedule=None, positions=torch.empty(0, dtype=torch.long), experts=None, n_micro=0)
 
 
 def _local_grad(p: torch.nn.Parameter) -> torch.Tensor | None:

@@ -49,6 +49,9 @@ class RunConfig:
     """Process-group timeout (s): a dead peer ends the run after at most this long."""
     fail_at_step: int = 0
     """Testing hook: rank 1 (or 0 alone) SIGKILLs itself at the start of this step (0 = never)."""
+    pools: tuple[int, ...] = ()
+    """GPUs of each pool of the cluster the plan was made for, in order (its ``batch_shares`` are per pool: replica
+    d runs the share of the pool holding it); empty = one pool of the whole world."""
     switches: tuple[dict, ...] = ()
     """Live layout switches: ``{"step": S, "plan": {...}}`` moves the state to that plan after step S
     (``runtime.switch``); ``"check": true`` also loads B from a DCP checkpoint of A and reports whether both are
@@ -62,6 +65,10 @@ class RunConfig:
 
             raise SpecError("run.stack", self.stack.name, f"meshplan's runtime is the {RUNTIME_STACK} stack; predict "
                             f"what it runs with --framework {RUNTIME_STACK}")
+
+    def pool_sizes(self) -> tuple[int, ...]:
+        """``pools``, or one pool of the plan's GPUs."""
+        return self.pools or (self.plan.n_gpus,)
 
     def switch_plans(self) -> list[tuple[int, Plan, dict]]:
         """(step, plan, options) of every switch, in step order."""
@@ -83,4 +90,5 @@ class RunConfig:
         d["stack"] = catalog.framework_with(RUNTIME_STACK, d.get("stack"))
         d["profile_steps"] = tuple(d.get("profile_steps", ()))
         d["switches"] = tuple(d.get("switches", ()))
+        d["pools"] = tuple(d.get("pools", ()))
         return RunConfig(**d)

@@ -86,6 +86,13 @@ def dp_slice(t: torch.Tensor, *, dp_rank: int, dp: int) -> torch.Tensor:
     return t[dp_rank * n:(dp_rank + 1) * n]
 
 
+def replica_rows(shares: tuple[int, ...], *, dp_rank: int, micro_batch: int) -> slice:
+    """Rows of the global batch that replica ``dp_rank`` trains when replica d runs ``shares[d]`` micro-batches
+    (``spec.checks.replica_shares``): contiguous, in dp order, so every replica's rows together are the batch."""
+    start = sum(shares[:dp_rank]) * micro_batch
+    return slice(start, start + shares[dp_rank] * micro_batch)
+
+
 def cp_positions(seq_len: int, *, cp_rank: int, cp: int, zigzag: bool = True) -> torch.Tensor:
     """Token positions a context-parallel rank holds. zigzag (ring attention): load-balanced for causal attention,
     the sequence is cut in 2*cp chunks and rank r holds chunks r and 2*cp-1-r. Otherwise (all-to-all attention,

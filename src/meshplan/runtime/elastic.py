@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from dataclasses import replace
 
 from meshplan import catalog
@@ -62,7 +63,9 @@ def run_elastic(cfg: RunConfig, *, nproc: int, restarts: int, timeout_s: float |
     ``restarts`` times. ``start(cfg, nproc)`` launches once and returns (returncode, stderr)."""
     attempt, world = 0, nproc
     while True:
+        began = time.monotonic()
         rc, err = start(cfg, world)
+        failed_after = time.monotonic() - began
         lost = killed_ranks(err or "")
         if rc == 0 or attempt >= restarts or not lost or not cfg.checkpoint_dir:
             if err and rc:
@@ -77,6 +80,7 @@ def run_elastic(cfg: RunConfig, *, nproc: int, restarts: int, timeout_s: float |
 
         found = latest(cfg.checkpoint_dir)
         print(json.dumps({"restart": attempt, "lost_ranks": lost, "survivors": world, "plan": plan.to_dict(),
-                          "gpus_used": plan.n_gpus, "resume_from_step": found[0] if found else 0}), flush=True)
-        cfg = replace(cfg, plan=plan, resume=True, fail_at_step=0, switches=())
+                          "gpus_used": plan.n_gpus, "resume_from_step": found[0] if found else 0,
+                          "failed_attempt_s": round(failed_after, 3)}), flush=True)
+        cfg = replace(cfg, plan=plan, resume=True, fail_at_step=0, switches=(), pools=())
         world = plan.n_gpus

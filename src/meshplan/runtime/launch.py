@@ -42,7 +42,7 @@ def validate(cfg: RunConfig, world_size: int) -> None:
         if not 1 <= step < cfg.steps or step <= last:
             problems.append(f"{where}: the step must be after the previous switch and before the last step "
                             f"({cfg.steps}), so that the new layout trains at least one step")
-        problems += [f"{where}: {p}" for p in plan_problems(spec, cfg, plan, world_size)]
+        problems += [f"{where}: {p}" for p in plan_problems(spec, cfg, plan, world_size, subset=True)]
         last = step
     if problems:
         raise PlanError(dict.fromkeys(problems))  # the plan and stack checks may say the same thing
@@ -51,17 +51,23 @@ def validate(cfg: RunConfig, world_size: int) -> None:
         Source(kind=cfg.data, vocab=spec.vocab, seed=cfg.seed).check(seq_len=plan.seq_len)
 
 
-def plan_problems(spec, cfg: RunConfig, plan, world_size: int) -> list[str]:
-    """What keeps ``plan`` from running on ``world_size`` processes under this runtime, as sentences."""
+def plan_problems(spec, cfg: RunConfig, plan, world_size: int, *, subset: bool = False) -> list[str]:
+    """What keeps ``plan`` from running on ``world_size`` processes under this runtime, as sentences; ``subset``:
+    a switch's target, which may leave ranks idle (its mesh takes the first n_gpus ranks)."""
     from meshplan.runtime.parallelize import check_runtime_support
     from meshplan.runtime.pipeline import pipeline_violations
     from meshplan.spec.checks import plan_violations, stack_violations
 
     problems = []
-    if plan.n_gpus != world_size:
+    if plan.n_gpus > world_size or (plan.n_gpus < world_size and not subset):
         problems.append(f"the plan needs tp*cp*pp*dp = {plan.tp}*{plan.cp}*{plan.pp}*{plan.dp} = {plan.n_gpus} "
-                        f"processes, the world has {world_size}")
-    cluster = catalog.cluster(f"{plan.n_gpus}xcpu")
+                        f"processes, the world has {world_size}" + (" (a switch may use fewer)" if subset else ""))
+    pools = cfg.pools if cfg.pools and plan.batch_shares else (plan.n_gpus,)
+    if sum(pools) != plan.n_gpus:
+        problems.append(f"the run's pools {'+'.join(map(str, pools))} hold {sum(pools)} GPUs, the plan "
+                        f"{plan.n_gpus}")
+        pools = (plan.n_gpus,)
+    cluster = catalog.cluster("+".join(f"{n}xcpu" for n in pools))
     problems += [p for p in plan_violations(spec, cluster, plan) if "fp8" not in p]
     problems += check_runtime_support(spec, plan) + pipeline_violations(plan)
     problems += stack_violations(plan, cfg.stack) + unsupported_settings(cfg.stack)

@@ -11,6 +11,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from meshplan.spec.plan import Plan
@@ -46,6 +47,14 @@ class Meshes:
     """The plan the mesh was built for."""
     flat: dict[str, DeviceMesh]
     """Flattened 1-D meshes ``dp``, ``dp_shard_cp`` and ``dp_cp``, kept as _flatten returned them."""
+    group: object | None = None
+    """Process group of the ranks in the mesh when it is a subset of the world (the others idle), else None (the
+    whole world)."""
+
+    @property
+    def active(self) -> bool:
+        """Whether this rank is in the mesh (ranks beyond the plan's GPUs idle until a switch needs them)."""
+        return self.world.get_coordinate() is not None
 
     def axis(self, name: str) -> DeviceMesh:
         """A 1-D sub-mesh: one of MESH_AXES, or a flattened ``dp`` / ``dp_shard_cp`` / ``dp_cp``."""
@@ -71,14 +80,36 @@ class Meshes:
 
 
 def build_meshes(plan: Plan, device_type: str) -> Meshes:
-    """init_device_mesh in the plan's rank order, then flatten the data/context axes FSDP and the loss need."""
+    """The plan's mesh in its rank order over the first ``n_gpus`` ranks of the world (the rest idle: a live
+    switch can shrink the layout and grow it back), then the data/context axes FSDP and the loss need, flattened.
+    Every rank calls it: creating a group is collective over the world."""
     names, sizes = mesh_layout(plan)
-    world = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+    world_size = dist.get_world_size()
+    if plan.n_gpus == world_size:
+        world, group = init_device_mesh(device_type, sizes, mesh_dim_names=names), None
+    else:
+        world = DeviceMesh(device_type, torch.arange(plan.n_gpus).reshape(sizes), mesh_dim_names=names)
+        group = dist.new_group(list(range(plan.n_gpus)))
     flat = {}
     for name, parts in (("dp", ("dp_replicate", "dp_shard")), ("dp_shard_cp", ("dp_shard", "cp")),
                         ("dp_cp", ("dp_replicate", "dp_shard", "cp"))):
-        flat[name] = world[tuple(sorted(parts, key=names.index))]._flatten(name)
-    return Meshes(world=world, plan=plan, flat=flat)
+        dims = tuple(sorted(parts, key=names.index))
+        if world.get_coordinate() is None:
+            _idle_flatten(world, dims, name)
+        else:
+            flat[name] = world[dims]._flatten(name)
+    return Meshes(world=world, plan=plan, flat=flat, group=group)
+
+
+def _idle_flatten(world: DeviceMesh, dims: tuple[str, ...], name: str) -> None:
+    """On a rank outside the mesh, create the groups ``world[dims]._flatten(name)`` creates on the others: the
+    same ``_init_process_groups`` call as torch 2.13 ``device_mesh.py::_create_flatten_mesh`` (a slice, and a
+    DeviceMesh built on it, need a member rank when several slices exist; group creation needs every rank of the
+    world, in the same order)."""
+    from torch.distributed._mesh_layout import _MeshLayout
+
+    layout = _MeshLayout([world._get_slice_mesh_layout(dims).collapse()])
+    DeviceMesh._init_process_groups(layout, world._rank_map, (name,), ((None, None),))
 
 
 def device_for(local_rank: int) -> torch.device:

@@ -63,13 +63,14 @@ def pipeline_violations(plan: Plan) -> list[str]:
         if len(rows) != plan.pp:
             return [f"schedule CSV {name} has {len(rows)} rows, pp={plan.pp}"]
         return []
-    why = schedule_spec(name).accepts(pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro)
-    if why:
-        return [why]
-    # torch.distributed.pipelining refuses fewer micro-batches than stages for every schedule but GPipe's.
-    if plan.n_micro < plan.pp and name != "gpipe":
-        return [f"schedule {name} needs at least pp={plan.pp} micro-batches in torch.distributed.pipelining, "
-                f"plan has {plan.n_micro}"]
+    for n_micro in sorted(set(plan.batch_shares or (plan.n_micro,))):  # every replica's own schedule
+        why = schedule_spec(name).accepts(pp=plan.pp, vpp=plan.vpp, n_micro=n_micro)
+        if why:
+            return [why]
+        # torch.distributed.pipelining refuses fewer micro-batches than stages for every schedule but GPipe's.
+        if n_micro < plan.pp and name != "gpipe":
+            return [f"schedule {name} needs at least pp={plan.pp} micro-batches in torch.distributed.pipelining, "
+                    f"plan has {n_micro}" + (" on a replica" if plan.batch_shares else "")]
     return []
 
 
@@ -88,16 +89,17 @@ def stage_layers(spec: ModelSpec, plan: Plan, stage: int) -> tuple[int, ...]:
 
 
 def build_schedule(*, plan: Plan, parts: list[torch.nn.Module], stage_ids: tuple[int, ...],
-                   device: torch.device, group, loss_fn: Callable):
-    """PipelineStages for this rank's parts, and the plan's schedule driving them."""
+                   device: torch.device, group, loss_fn: Callable, n_micro: int, scale_grads: bool = True):
+    """PipelineStages for this rank's parts, and the plan's schedule driving them over ``n_micro`` micro-batches
+    (the replica's share); ``scale_grads``: torch's 1/n_micro on the gradients after the last backward."""
     n_stages = plan.n_stages
     stages = [PipelineStage(part, s, n_stages, device, group=group) for part, s in zip(parts, stage_ids)]
     name = plan.schedule_name
     if is_csv(name):
-        sched = _PipelineScheduleRuntime(stages, n_microbatches=plan.n_micro, loss_fn=loss_fn)
+        sched = _PipelineScheduleRuntime(stages, n_microbatches=n_micro, loss_fn=loss_fn, scale_grads=scale_grads)
         sched._load_csv(name)
         return sched
     cls = schedule_class(name)
     if single_stage(name):
-        return cls(stages[0], n_microbatches=plan.n_micro, loss_fn=loss_fn)
-    return cls(stages, n_microbatches=plan.n_micro, loss_fn=loss_fn)
+        return cls(stages[0], n_microbatches=n_micro, loss_fn=loss_fn, scale_grads=scale_grads)
+    return cls(stages, n_microbatches=n_micro, loss_fn=loss_fn, scale_grads=scale_grads)

@@ -76,26 +76,32 @@ def switch_trainer(t: Trainer, plan_b: Plan, *, budget: int = 256 * 2**20) -> tu
     t_b = build_trainer(cfg_b, t.spec, build_meshes(plan_b, t.device.type), t.device)
     built = time.perf_counter() - began
     src, step = _side(t, create=False)
+    steps = _steps(step)
     dst, _ = _side(t_b, create=True)
-    if step is None:  # A has not stepped yet: only the parameters exist
+    if not steps:  # A has not stepped yet: only the parameters exist
         dst = Side(tensors={k: v for k, v in dst.tensors.items() if "#" not in k})
     rank = dist.get_rank()
     metas: list = [None] * dist.get_world_size()
     dist.all_gather_object(metas, (_held(src), _held(dst)))
     moves = plan_moves([m[0] for m in metas], [m[1] for m in metas])
     itemsize = {k: v[0].element_size() for k, v in {**src.tensors, **dst.tensors}.items()}
-    steps: list = [None] * dist.get_world_size()
-    dist.all_gather_object(steps, step)
     itemsize.update({m.key: 4 for m in moves if m.key not in itemsize})
     dist.barrier()
     start = time.perf_counter()
     with torch.no_grad():
         got = execute(moves, rank=rank, src=src, dst=dst, itemsize=itemsize, budget=budget)
-    _set_step(t_b, {s for s in steps if s is not None})
+    _set_step(t_b, steps)
     dist.barrier()
     seconds = time.perf_counter() - start
     n_in = sum(1 for m in moves if m.dst == rank and m.src != rank)
     return t_b, SwitchReport(seconds=seconds, build_s=built, bytes_in=got, messages=n_in)
+
+
+def _steps(step: float | None) -> set:
+    """AdamW step counts over the world (a rank idle under A, or whose A state is empty, has none)."""
+    steps: list = [None] * dist.get_world_size()
+    dist.all_gather_object(steps, step)
+    return {s for s in steps if s is not None}
 
 
 def _set_step(t: Trainer, steps: set) -> None:
@@ -121,9 +127,9 @@ def switch_via_checkpoint(t: Trainer, plan_b: Plan, folder: str) -> Trainer:
     return t_b
 
 
-def predict(spec, plan_a: Plan, plan_b: Plan, stack) -> dict:
-    """The transition model's figures for this switch on this host's ranks (identity rank map: B's mesh is built
-    in the default order over the same ranks): predicted seconds and bytes."""
+def predict(spec, plan_a: Plan, plan_b: Plan, stack, *, world: int | None = None) -> dict:
+    """The transition model's figures for this switch on this host's ``world`` ranks (identity rank map: each
+    layout's mesh is built in the default order over the first n_gpus ranks): predicted seconds and bytes."""
     import numpy as np
 
     from meshplan import catalog
@@ -132,13 +138,13 @@ def predict(spec, plan_a: Plan, plan_b: Plan, stack) -> dict:
     from meshplan.cost.transition import Placement, transfer_bytes
     from meshplan.cost.transition_time import SwitchCosts, new_groups, switch_time
 
-    pool = catalog.cluster(f"{plan_a.n_gpus}xcpu").pools[0]
+    pool = catalog.cluster(f"{world or max(plan_a.n_gpus, plan_b.n_gpus)}xcpu").pools[0]
     ga, gb = geometry(spec, plan_a, stack), geometry(spec, plan_b, stack)
-    ids = np.arange(plan_a.n_gpus)
-    x = transfer_bytes(Placement(ga, ids), Placement(gb, ids), tensors=state_groups(spec),
+    ids_a, ids_b = np.arange(plan_a.n_gpus), np.arange(plan_b.n_gpus)
+    x = transfer_bytes(Placement(ga, ids_a), Placement(gb, ids_b), tensors=state_groups(spec),
                        lost_gpus=np.array([], dtype=np.int64), domain=pool.network()[0].span)
-    t = switch_time(x, phys_b=ids, pool=pool, calib=gpu_calibration(pool.gpu), costs=SwitchCosts(groups_prebuilt=True),
-                    new_groups=new_groups(plan_b))
+    t = switch_time(x, phys_b=ids_b, pool=pool, calib=gpu_calibration(pool.gpu),
+                    costs=SwitchCosts(groups_prebuilt=True), new_groups=new_groups(plan_b))
     return {"predicted_s": t.total_s, "predicted_bytes": x.moved,
             "predicted_bytes_max": float((x.in_local + x.in_fabric).max())}
 
@@ -150,7 +156,7 @@ def run_switch(t: Trainer, step: int, plan_b: Plan, opts: dict) -> tuple[Trainer
     from meshplan.errors import PlanError
 
     row = {"switch": step, "from": t.cfg.plan.to_dict(), "to": plan_b.to_dict(),
-           **predict(t.spec, t.cfg.plan, plan_b, t.cfg.stack)}
+           **predict(t.spec, t.cfg.plan, plan_b, t.cfg.stack, world=dist.get_world_size())}
     try:
         if opts.get("dry_run"):
             return t, {**row, "dry_run": True, **_dry(t, plan_b)}
@@ -171,7 +177,7 @@ def _dry(t: Trainer, plan_b: Plan) -> dict:
     """Plan the move (B's groups built, metadata exchanged) without moving a byte."""
     t_b = build_trainer(replace(t.cfg, plan=plan_b), t.spec, build_meshes(plan_b, t.device.type), t.device)
     src, step = _side(t, create=False)
-    dst, _ = _side(t_b, create=step is not None)
+    dst, _ = _side(t_b, create=bool(_steps(step)))
     metas: list = [None] * dist.get_world_size()
     dist.all_gather_object(metas, (_held(src), _held(dst)))
     moves = plan_moves([m[0] for m in metas], [m[1] for m in metas])

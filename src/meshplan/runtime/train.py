@@ -28,9 +28,10 @@ from meshplan.runtime.build import (
     sync_grads,
 )
 from meshplan.runtime.config import RunConfig
-from meshplan.runtime.data import Source, dp_slice
+from meshplan.runtime.data import Source, replica_rows
 from meshplan.runtime.mesh import build_meshes
 from meshplan.runtime.models.decoder import build_decoder
+from meshplan.spec.checks import replica_shares
 
 
 def clip_grads(params: list[torch.nn.Parameter], *, max_norm: float, pp_group=None,
@@ -71,14 +72,16 @@ def _local_batch(t: Trainer, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     plan = t.cfg.plan
     src = Source(kind=t.cfg.data, vocab=t.spec.vocab, seed=t.cfg.seed)
     x, y = src.batch(step=step, batch=plan.global_batch, seq_len=plan.seq_len)
-    dp_rank = t.meshes.rank_in("dp")
-    x, y = dp_slice(x, dp_rank=dp_rank, dp=plan.dp), dp_slice(y, dp_rank=dp_rank, dp=plan.dp)
+    rows = replica_rows(replica_shares(plan, t.cfg.pool_sizes()), dp_rank=t.meshes.rank_in("dp"),
+                        micro_batch=plan.micro_batch)
+    x, y = x[rows], y[rows]
     pos = t.positions.cpu()
     return x[:, pos].to(t.device), y[:, pos].to(t.device)
 
 
 def _forward_backward(t: Trainer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Sum of micro-batch losses / n_micro on ranks holding the last stage, else 0; gradients accumulated."""
+    """Sum of micro-batch losses / n_micro (times dp * n_micro / n_micro_total under uneven shares) on ranks
+    holding the last stage, else 0; gradients accumulated."""
     with loss_context(t):
         return _micro_batches(t, x, y)
 
@@ -91,22 +94,26 @@ def _micro_batches(t: Trainer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
         holds_last = plan.n_stages - 1 in t.stage_ids
         t.schedule.step(*args, target=y if holds_last else None, losses=losses)
         if holds_last:
-            return torch.stack([loss.detach().float() for loss in losses]).mean()
+            stacked = torch.stack([loss.detach().float() for loss in losses])
+            return stacked.mean() if t.micro_weight is None else stacked.sum()  # weighted losses add up
         return torch.zeros((), device=t.device)
-    part, n = t.parts[0], plan.n_micro
+    part, n = t.parts[0], t.n_micro
     total = torch.zeros((), device=t.device)
     for i, (xm, ym) in enumerate(zip(x.chunk(n), y.chunk(n))):
         if hasattr(part, "set_requires_gradient_sync"):
             part.set_requires_gradient_sync(i == n - 1)
-        loss = loss_fn(part(xm), ym) / n
+        loss = loss_fn(part(xm), ym)
+        loss = loss / n if t.micro_weight is None else loss * t.micro_weight
         loss.backward()
         total += loss.detach().float()
     return total
 
 
-def train_step(t: Trainer, step: int) -> dict:
-    """One optimizer step; returns the metrics row (loss is the global-batch mean)."""
+def train_step(t: Trainer, step: int) -> dict | None:
+    """One optimizer step; returns the metrics row (loss is the global-batch mean), None on an idle rank."""
     plan = t.cfg.plan
+    if not t.meshes.active:
+        return None
     x, y = _local_batch(t, step)
     for opt in t.optimizers:
         opt.zero_grad(set_to_none=True)
@@ -119,15 +126,26 @@ def train_step(t: Trainer, step: int) -> dict:
                       duplicates=t.tied.duplicate if t.tied is not None else ())
     for opt in t.optimizers:
         opt.step()
-    dist.all_reduce(local)
+    dist.all_reduce(local, group=t.meshes.group)
     if t.device.type == "cuda":
         torch.cuda.synchronize()
     dt, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     loss = float(local) / (plan.dp * plan.cp * plan.tp)
     peak = torch.cuda.max_memory_allocated() if t.device.type == "cuda" else None
-    return {"step": step, "loss": loss, "grad_norm": norm, "step_time_s": dt,
-            "cpu_time_s": cpu,
-            "tokens_per_s": plan.global_batch * plan.seq_len / dt, "peak_memory_bytes": peak}
+    row = {"step": step, "loss": loss, "grad_norm": norm, "step_time_s": dt, "cpu_time_s": cpu,
+           "tokens_per_s": plan.global_batch * plan.seq_len / dt, "peak_memory_bytes": peak}
+    if plan.batch_shares:
+        row["replica_sequences"] = _replica_sequences(t, x.shape[0])
+    return row
+
+
+def _replica_sequences(t: Trainer, n: int) -> list[int]:
+    """Sequences each data-parallel replica trained this step, as its first tp/cp/pp rank counted them."""
+    counts = torch.zeros(t.cfg.plan.dp, dtype=torch.long, device=t.device)
+    if all(t.meshes.rank_in(a) == 0 for a in ("tp", "cp", "pp")):
+        counts[t.meshes.rank_in("dp")] = n
+    dist.all_reduce(counts, group=t.meshes.group)
+    return counts.tolist()
 
 
 class _Metrics:
@@ -212,9 +230,11 @@ def run(cfg: RunConfig, device: torch.device) -> list[dict]:
         if cfg.checkpoint_dir and ((every and step % every == 0) or step == cfg.steps):
             saving = time.perf_counter()
             checkpoint.save(t, step)
-            row["checkpoint_s"] = time.perf_counter() - saving
-        rows.append(row)
-        metrics.emit(row)
+            if row is not None:
+                row["checkpoint_s"] = time.perf_counter() - saving
+        if row is not None:  # an idle rank (outside a shrunk layout) trains nothing and writes nothing
+            rows.append(row)
+            metrics.emit(row)
         if step in switches:
             from meshplan.runtime.switch import run_switch
 

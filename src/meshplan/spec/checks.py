@@ -86,6 +86,15 @@ def replicas_per_pool(cluster: ClusterSpec, plan: Plan) -> tuple[int, ...]:
     return tuple(p.n_gpus // size for p in cluster.pools)
 
 
+def replica_shares(plan: Plan, pool_sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """Micro-batches per step of each data-parallel replica, in dp order: ``batch_shares[i]`` for every replica on
+    pool i (dp outermost, pools in order over global ranks, as ``replicas_per_pool``), else ``n_micro`` for all."""
+    if not plan.batch_shares:
+        return (plan.n_micro,) * plan.dp
+    size = plan.n_gpus // plan.dp
+    return tuple(s for n, s in zip(pool_sizes, plan.batch_shares) for _ in range(n // size))
+
+
 def _shares_violations(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
     """Uneven batch shares: one per pool, each replica inside one pool, shares adding up to the batch."""
     shares, size = plan.batch_shares, plan.n_gpus // plan.dp
