@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.cost.state_layout import Geometry, StateTensor, boxes, overlap_area, slots_common
+from meshplan.cost.state_layout import Geometry, StateTensor, boxes, common_table, overlap_area
 
 NEG = -1e300
 
@@ -45,17 +45,34 @@ class RankMap:
 
 def kept_bytes(a: Geometry, a_rank: np.ndarray, b: Geometry, b_rank: np.ndarray,
                tensors: tuple[StateTensor, ...]) -> np.ndarray:
-    """Bytes of the new rank ``b_rank[i]``'s state that old rank ``a_rank[i]`` (-1: none) already holds."""
+    """Bytes of the new rank ``b_rank[i]``'s state that old rank ``a_rank[i]`` (-1: none) already holds.
+
+    A box depends only on how the tensor splits (tp dim, experts, tp limit) and on the state kind's ZeRO stage,
+    so tensors that split alike share one overlap per pair of stages (weighted by their slots and elements)."""
     ok = a_rank >= 0
     ar = np.maximum(a_rank, 0)
     out = np.zeros(b_rank.shape[0])
+    pairs: dict[tuple, list] = {}
+    for kb in b.kinds:
+        ka = a.kind(kb.name) or a.kind("master")
+        pairs.setdefault((ka.zero_stage, kb.zero_stage), [ka, kb, 0.0])[2] += kb.bytes
+    splits: dict[tuple, list[StateTensor]] = {}
     for t in tensors:
-        common = slots_common(a, ar, b, b_rank, t)
-        for kb in b.kinds:
-            ka = a.kind(kb.name) or a.kind("master")
-            area = overlap_area(boxes(a, t, ka).take(ar), boxes(b, t, kb).take(b_rank))
-            out += np.where(ok, common * area, 0.0) * t.elems * kb.bytes
-    return out
+        splits.setdefault((t.tp_dim, t.expert, _limit(a, t), _limit(b, t)), []).append(t)
+    for alike in splits.values():
+        t0 = alike[0]
+        table = sum(common_table(a, b, t) * t.elems for t in alike)  # slots both hold x elements, per pp pair
+        common = table[a.pp[ar], b.pp[b_rank]]
+        for ka, kb, nbytes in pairs.values():
+            out += common * overlap_area(boxes(a, t0, ka).take(ar), boxes(b, t0, kb).take(b_rank)) * nbytes
+    return np.where(ok, out, 0.0)
+
+
+def _limit(g: Geometry, t: StateTensor) -> int:
+    """The tensor's shard limit where it binds under ``g`` (GQA's kv heads under tp > n_kv), else 0: tensors
+    that split alike have the same boxes (``state_layout._boxes``)."""
+    parts = g.plan.etp if t.expert else g.plan.tp
+    return t.tp_max if t.tp_max and parts > t.tp_max and parts % t.tp_max == 0 else 0
 
 
 def slot_orders(domain: int) -> list[tuple[int, ...]]:

@@ -47,7 +47,7 @@ def finish(space: SearchSpace, tally: Tally, fitting: list[RankedPlan], *, t0: f
     infeasible = None
     if not top:
         infeasible = nothing_fits(space, tally, lean)
-    front = pareto(space, fitting, top) if top else []
+    front = pareto(space, fitting, top) if top and req.front else []
     # A front member simulated faster than a table row takes its place: one time per plan, one ranking.
     ranked = {(id(rp.cluster), rp.plan) for rp in top}
     top = sorted(top + [rp for rp in front if (id(rp.cluster), rp.plan) not in ranked],

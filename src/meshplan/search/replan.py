@@ -181,6 +181,26 @@ def price_option(model: ModelSpec, stack, plan_a: Plan, rp: RankedPlan, *, clust
                         horizon_s=st.total_s + rq.remaining_steps * rp.step_time)
 
 
+def state_key(plan: Plan) -> Plan:
+    """The plan with the fields that do not place state normalised: two layouts that differ only in micro-batch,
+    recompute, batch or sequence length hold every tensor on the same ranks, so they switch alike."""
+    return replace(plan, micro_batch=1, recompute="none", recompute_layers=0, global_batch=plan.dp,
+                   seq_len=plan.cp * plan.tp, batch_shares=())
+
+
+def _priced(model, stack, plan_a: Plan, ranked, *, cluster, change, rq) -> tuple[SwitchOption, ...]:
+    """``price_option`` of each layout; layouts that place state alike share one rank map and transfer."""
+    done: dict[Plan, SwitchOption] = {}
+    out = []
+    for rp in ranked:
+        key = state_key(rp.plan)
+        if key not in done:
+            done[key] = price_option(model, stack, plan_a, rp, cluster=cluster, change=change, rq=rq)
+        first = done[key]
+        out.append(replace(first, ranked=rp, horizon_s=first.time.total_s + rq.remaining_steps * rp.step_time))
+    return tuple(out)
+
+
 def replan(model: ModelSpec, cluster: ClusterSpec, plan_a: Plan, *, change: ClusterChange, request: SearchRequest,
            rq: ReplanRequest) -> ReplanResult:
     """Search the new conditions, price the switch to the best few layouts, decide."""
@@ -190,12 +210,13 @@ def replan(model: ModelSpec, cluster: ClusterSpec, plan_a: Plan, *, change: Clus
     check_plan(model, cluster, plan_a)
     new = new_cluster_of(cluster, change)
     domain = new.pools[0].network()[0].span
-    req = replace(request, worlds=idle_worlds(new.n_gpus, domain), top=max(request.top, rq.options))
+    # Only the fastest rq.options layouts are priced: the bound prunes against the last of them, and the
+    # time/memory front (a table's extra rows) is not needed.
+    req = replace(request, worlds=idle_worlds(new.n_gpus, domain), top=rq.options, front=False)
     result = search(model, new, req)
     current_step, why = _current_step(model, cluster, plan_a, request, change)
     stack = request.framework
-    options = tuple(price_option(model, stack, plan_a, rp, cluster=new, change=change, rq=rq)
-                    for rp in result.plans[:rq.options])
+    options = _priced(model, stack, plan_a, result.plans[:rq.options], cluster=new, change=change, rq=rq)
     choice, reason, even = decide(options, current_step, why, rq)
     return ReplanResult(current=plan_a, current_step=current_step, current_reason=why, options=options,
                         choice=choice, reason=reason, break_even_steps=even, search=result, new_cluster=new,

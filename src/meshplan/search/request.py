@@ -41,6 +41,8 @@ class SearchRequest:
     """Plans kept in the ranked table (the bound prunes against the top-th best)."""
     simulate: bool = True
     """Re-rank the survivors with the event simulator instead of the closed-form pipeline time."""
+    front: bool = True
+    """Also find the time/memory Pareto front (each member simulated); ``replan`` prices only the top plans."""
     allow_idle_pools: bool = True
     """Mixed clusters: plans may leave whole pools idle."""
     worlds: tuple[int, ...] = ()

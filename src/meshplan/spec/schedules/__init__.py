@@ -92,11 +92,12 @@ def schedule_spec(name: str) -> ScheduleSpec:
     actions, which the simulator reads with its own placement) takes 1F1B's looped placement here; its time
     always comes from the simulator (``closed_form_exact`` is False for it in ``needs_simulation``)."""
     reg = _registry()
+    spec = reg.get(name)
+    if spec is not None:  # the common case first: the search asks this ~10^5 times per plan
+        return spec
     if is_csv(name):
         return reg["1f1b"]
-    if name not in reg:
-        raise unknown_name("schedule", name, reg)
-    return reg[name]
+    raise unknown_name("schedule", name, reg)
 
 
 def is_csv(name: str) -> bool:
