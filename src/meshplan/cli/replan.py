@@ -29,7 +29,23 @@ def parse_ranks(text: str, *, flag: str) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
-def change_of(cluster, *, lose: int, lose_ranks: str, add: str, gpus: str):
+def parse_derating(slow_gpu: list[str], slow_link: list[str]):
+    """``--slow-gpu ID:FRACTION`` and ``--slow-link NODE:FRACTION`` (repeatable) as a Derating."""
+    from meshplan.errors import SpecError
+    from meshplan.spec.cluster import Derating
+
+    parts = {"--slow-gpu": [], "--slow-link": []}
+    for flag, texts in (("--slow-gpu", slow_gpu), ("--slow-link", slow_link)):
+        for text in texts:
+            m = re.fullmatch(r"(\d+):([0-9.]+)", text.strip())
+            what = "GPU id" if flag == "--slow-gpu" else "scale-up domain (node) index"
+            if not m or not 0 < float(m.group(2)) <= 1:
+                raise SpecError(flag, text, f"expected {what}:FRACTION of its rating in (0, 1], e.g. 17:0.6")
+            parts[flag].append((int(m.group(1)), float(m.group(2))))
+    return Derating(gpus=tuple(parts["--slow-gpu"]), links=tuple(parts["--slow-link"]))
+
+
+def change_of(cluster, *, lose: int, lose_ranks: str, add: str, gpus: str, slow=None):
     """The ClusterChange the flags describe (``--gpus``: the new cluster as a whole; GPUs come and go at the end)."""
     from meshplan import catalog
     from meshplan.errors import SpecError
@@ -55,7 +71,13 @@ def change_of(cluster, *, lose: int, lose_ranks: str, add: str, gpus: str):
             added += new.n_gpus - n
         else:
             lost |= set(range(new.n_gpus, n))
-    return ClusterChange(lost=tuple(sorted(lost)), added=added)
+    if slow is not None:
+        domains = -(-n // cluster.pools[0].network()[0].span)
+        bad = [d for d, _ in slow.links if d >= domains]
+        if bad:
+            raise SpecError("--slow-link", bad[0], f"must name a scale-up domain (node) of the old world, "
+                            f"0..{domains - 1}")
+    return ClusterChange(lost=tuple(sorted(lost)), added=added, **({"slow": slow} if slow is not None else {}))
 
 
 def register(app: typer.Typer) -> None:
@@ -71,6 +93,11 @@ def register(app: typer.Typer) -> None:
         lose: int = typer.Option(0, "--lose", min=0, help="GPUs lost: the last N ranks of the old world."),
         lose_ranks: str = typer.Option("", "--lose-ranks", help="Ranks lost, e.g. 8-15,40."),
         add: str = typer.Option("", "--add", help="GPUs added, e.g. 16xh100-sxm."),
+        slow_gpu: list[str] = typer.Option([], "--slow-gpu", help="A straggler: GPU id of the old world and the "
+                                           "fraction of its rated compute it delivers, e.g. 17:0.6 (repeatable)."),
+        slow_link: list[str] = typer.Option([], "--slow-link", help="A degraded link: scale-up domain (node) index "
+                                            "and the fraction of its rated scale-out bandwidth, e.g. 3:0.25 "
+                                            "(repeatable)."),
         seq_len: int = typer.Option(0, "--seq-len", min=0, help="New tokens per sequence (0 = unchanged)."),
         global_batch: int = typer.Option(0, "--global-batch", min=0, help="New sequences per step (0 = unchanged)."),
         remaining_steps: int = typer.Option(1000, "--remaining-steps", min=0, help="Optimizer steps left."),
@@ -103,7 +130,8 @@ def register(app: typer.Typer) -> None:
         stack = resolve_framework(plan.framework, file_settings=refs.get("framework"))
         if out:
             output_path("--out", out)
-        change = change_of(cluster, lose=lose, lose_ranks=lose_ranks, add=add, gpus=gpus)
+        change = change_of(cluster, lose=lose, lose_ranks=lose_ranks, add=add, gpus=gpus,
+                           slow=parse_derating(slow_gpu, slow_link))
         costs = SwitchCosts(groups_prebuilt=prebuilt_groups)
         if storage_gbs:
             if storage_gbs <= 0:

@@ -38,7 +38,7 @@ from meshplan.spec.checks import (
     replicas_per_pool,
     stack_violations,
 )
-from meshplan.spec.cluster import ClusterSpec, GroupLink, Pool
+from meshplan.spec.cluster import ClusterSpec, GroupLink, Pool, derated_pool
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import BlockSpec, ModelSpec
 from meshplan.spec.plan import Plan
@@ -92,9 +92,10 @@ def stage_layers(model: ModelSpec, plan: Plan) -> list[list[tuple[BlockSpec, int
 
 def rank_pool(cluster: ClusterSpec, plan: Plan, rank: int) -> Pool:
     """The pool that hosts pipeline rank ``rank``: pools are laid out in order over global ranks; a pipeline
-    rank that spans several pools (or pp not outermost) runs at the pace of its slowest pool."""
+    rank that spans several pools (or pp not outermost) runs at the pace of its slowest pool, and of its slowest
+    GPU and link where the cluster is derated (``spec.cluster.Derating``)."""
     if cluster.homogeneous:
-        return cluster.pools[0]
+        return _derated(cluster, plan, rank) if cluster.derating else cluster.pools[0]
     per = plan.n_gpus // plan.pp
     lo, hi = (rank * per, (rank + 1) * per) if plan.rank_order.endswith("pp") else (0, plan.n_gpus)
     spans, start = [], 0
@@ -103,6 +104,17 @@ def rank_pool(cluster: ClusterSpec, plan: Plan, rank: int) -> Pool:
             spans.append(p)
         start += p.n_gpus
     return min(spans, key=lambda p: p.gpu.peak_flops(plan.precision))
+
+
+def _derated(cluster: ClusterSpec, plan: Plan, rank: int) -> Pool:
+    """The pool as pipeline rank ``rank`` sees it: its GPUs are the global ranks whose pp coordinate is ``rank``
+    (identity placement); it computes at its slowest GPU's pace and crosses nodes at its slowest link's."""
+    pool, der = cluster.pools[0], cluster.derating
+    s, dom = plan.stride("pp"), pool.network()[0].span
+    mine = lambda g: (g // s) % plan.pp == rank  # noqa: E731
+    compute = min((f for g, f in der.gpus if mine(g)), default=1.0)
+    link = min((f for d, f in der.links if any(mine(g) for g in range(d * dom, (d + 1) * dom))), default=1.0)
+    return derated_pool(pool, compute=compute, link=link)
 
 
 def _per_layer(model: ModelSpec, plan: Plan, stages: list, ctxs: list[Ctx]) -> list[list[LayerCost]]:

@@ -20,6 +20,8 @@ def _change(result: ReplanResult, cluster) -> str:
     ch = result.change
     what = [f"{len(ch.lost)} GPUs lost"] if ch.lost else []
     what += [f"{ch.added} added"] if ch.added else []
+    what += [f"GPU {g} at {f:.0%}" for g, f in ch.slow.gpus]
+    what += [f"node {d}'s links at {f:.0%}" for d, f in ch.slow.links]
     return f"{cluster.describe()} -> {result.new_cluster.describe()}" + (f" ({', '.join(what)})" if what else "")
 
 
@@ -45,6 +47,8 @@ def replan_json(result: ReplanResult, model, cluster) -> dict:
     return {"model": model.name, "old_gpus": cluster.describe(), "new_gpus": result.new_cluster.describe(),
             "current": {"plan": result.current.to_dict(), "layout": layout_short(result.current),
                         "step_time_s": result.current_step, "cannot_run": result.current_reason},
+            "slow_gpus": [list(x) for x in result.change.slow.gpus],
+            "slow_links": [list(x) for x in result.change.slow.links],
             "options": [option_row(i, o) for i, o in enumerate(result.options)],
             "choice": None if result.choice is None else result.choice + 1, "reason": result.reason,
             "break_even_steps": result.break_even_steps, "search_time_s": result.search.search_time_s}

@@ -22,7 +22,10 @@ def cluster_variants(cluster: ClusterSpec, *, precision: str, allow_idle: bool,
     ``precision`` (mixed), or the first ``w`` GPUs for each smaller world size ``w`` asked for (homogeneous)."""
     if cluster.homogeneous:
         pool = cluster.pools[0]
-        return [cluster] + [ClusterSpec(pools=(replace(pool, n_gpus=w),), name=f"{w}x{pool.gpu.name}")
+        dom, der = pool.network()[0].span, cluster.derating
+        # A smaller world idles the most derated scale-up domains first (Derating.idle).
+        return [cluster] + [ClusterSpec(pools=(replace(pool, n_gpus=w),), name=f"{w}x{pool.gpu.name}",
+                                        derating=der.idle(pool.n_gpus, w, dom) if der else der)
                             for w in sorted(set(worlds), reverse=True) if w < pool.n_gpus]
     pools = [p for p in cluster.pools if p.gpu.peak_flops(precision) > 0]
     subsets = []

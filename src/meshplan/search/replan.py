@@ -24,7 +24,7 @@ from meshplan.search.driver import search
 from meshplan.search.request import SearchRequest
 from meshplan.search.result import RankedPlan, SearchResult
 from meshplan.spec.checks import check_plan
-from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.cluster import ClusterSpec, Derating
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
 
@@ -37,10 +37,21 @@ class ClusterChange:
     """Old ranks whose GPU is gone (failed, preempted, drained)."""
     added: int = 0
     """New GPUs of the same type (whole scale-up domains keep groups inside one)."""
+    slow: Derating = Derating()
+    """GPUs and links now below their rating, by old GPU id and old scale-up domain (stragglers, degraded
+    NICs): the current layout slows to their pace, and smaller worlds may idle them."""
 
     def __post_init__(self) -> None:
         if self.added < 0:
             raise SpecError("--add", self.added, "must be >= 0 GPUs")
+        if set(self.lost) & {g for g, _ in self.slow.gpus}:
+            raise SpecError("--slow-gpu", sorted(set(self.lost) & {g for g, _ in self.slow.gpus})[0],
+                            "is also lost; a lost GPU is gone, not slow")
+
+    def survivors(self, n_old: int) -> list[int]:
+        """Old GPU ids that remain, then the added ones, in the new world's order."""
+        lost = set(self.lost)
+        return [g for g in range(n_old) if g not in lost] + list(range(n_old, n_old + self.added))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +141,19 @@ def idle_worlds(n: int, domain: int, *, keep: float = 0.9) -> tuple[int, ...]:
     return tuple(out)
 
 
+def search_worlds(new: ClusterSpec, domain: int, *, keep: float = 0.9) -> tuple[int, ...]:
+    """``idle_worlds`` of the new cluster, and with derated parts also the worlds that idle each of its derated
+    scale-up domains (``Derating.dropped`` picks them) and their ``idle_worlds``."""
+    n, der = new.n_gpus, new.derating
+    out = set(idle_worlds(n, domain, keep=keep))
+    slow = {g // domain for g, _ in der.gpus} | {d for d, _ in der.links}
+    for k in range(1, len(slow) + 1):
+        w = n - k * domain
+        if w >= keep * n:
+            out |= {w} | {x for x in idle_worlds(w, domain, keep=keep * n / w)}
+    return tuple(sorted(out, reverse=True))
+
+
 def new_cluster_of(cluster: ClusterSpec, change: ClusterChange) -> ClusterSpec:
     """The cluster after ``change`` (one pool: replanning a mixed cluster is not supported yet)."""
     if not cluster.homogeneous:
@@ -138,10 +162,15 @@ def new_cluster_of(cluster: ClusterSpec, change: ClusterChange) -> ClusterSpec:
     bad = [r for r in change.lost if not 0 <= r < pool.n_gpus]
     if bad:
         raise SpecError("--lose", bad[0], f"must name ranks of the old world, 0..{pool.n_gpus - 1}")
+    bad = [g for g, _ in change.slow.gpus if g >= pool.n_gpus]
+    if bad:
+        raise SpecError("--slow-gpu", bad[0], f"must name GPUs of the old world, 0..{pool.n_gpus - 1}")
     n = pool.n_gpus - len(set(change.lost)) + change.added
     if n < 1:
         raise SpecError("--lose", len(change.lost), f"leaves no GPU of the {pool.n_gpus}")
-    return ClusterSpec(pools=(replace(pool, n_gpus=n),), inter_pool_bandwidth=cluster.inter_pool_bandwidth)
+    slow = change.slow.renumbered(change.survivors(pool.n_gpus), pool.network()[0].span)
+    return ClusterSpec(pools=(replace(pool, n_gpus=n),), inter_pool_bandwidth=cluster.inter_pool_bandwidth,
+                       derating=slow)
 
 
 def _current_step(model, cluster, plan: Plan, request: SearchRequest, change: ClusterChange) -> tuple:
@@ -152,7 +181,7 @@ def _current_step(model, cluster, plan: Plan, request: SearchRequest, change: Cl
         return None, f"{len(set(change.lost))} of its {plan.n_gpus} GPUs are lost"
     moved = plan.with_(global_batch=request.global_batch, seq_len=request.seq_len)
     try:
-        est = estimate(model, cluster, moved, stack=request.framework)
+        est = estimate(model, replace(cluster, derating=change.slow), moved, stack=request.framework)
     except (SpecError, PlanError) as exc:
         return None, f"it cannot run the new workload: {exc}"
     if est.peak_memory > request.max_memory_fraction * est.capacity:
@@ -171,6 +200,10 @@ def price_option(model: ModelSpec, stack, plan_a: Plan, rp: RankedPlan, *, clust
     gb = geometry(model, rp.plan, stack)
     n_old = plan_a.n_gpus
     usable = np.arange(n_old + change.added, dtype=np.int64)
+    if cluster.derating and rp.cluster.n_gpus < cluster.n_gpus:  # the world the step was predicted on idles these
+        drop = cluster.derating.dropped(cluster.n_gpus, rp.cluster.n_gpus, domain)
+        old_ids = np.asarray(change.survivors(n_old), dtype=np.int64)
+        usable = np.setdiff1d(usable, old_ids[[i for i in range(cluster.n_gpus) if i // domain in drop]])
     lost = np.asarray(sorted(set(change.lost)), dtype=np.int64)
     rmap = choose_rank_map(ga, np.arange(n_old), gb, usable=usable, lost=lost, domain=domain, tensors=tensors)
     xb = transfer_bytes(Placement(ga, np.arange(n_old)), Placement(gb, rmap.phys), tensors=tensors, lost_gpus=lost,
@@ -212,7 +245,7 @@ def replan(model: ModelSpec, cluster: ClusterSpec, plan_a: Plan, *, change: Clus
     domain = new.pools[0].network()[0].span
     # Only the fastest rq.options layouts are priced: the bound prunes against the last of them, and the
     # time/memory front (a table's extra rows) is not needed.
-    req = replace(request, worlds=idle_worlds(new.n_gpus, domain), top=rq.options, front=False)
+    req = replace(request, worlds=search_worlds(new, domain), top=rq.options, front=False)
     result = search(model, new, req)
     current_step, why = _current_step(model, cluster, plan_a, request, change)
     stack = request.framework

@@ -8,7 +8,8 @@ rings), so the group's bus bandwidth is ``members_per_domain * nic_bandwidth``, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from meshplan.errors import SpecError
 from meshplan.spec.hardware import GPUSpec
@@ -68,6 +69,77 @@ class Pool:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Derating:
+    """Parts of a cluster running below their rating: a straggler GPU (thermal or power throttling, a failing
+    HBM stack) and a degraded link (a NIC or cable retrained at a lower rate, a congested port). Synchronous
+    training runs at the pace of the slowest member of every group, so each pipeline rank's pace is its slowest
+    GPU's and its scale-out collectives run at its slowest link's (NCCL rings are bound by their slowest hop;
+    RAPID-LLM prices faulty links the same way). GPU ids are global ranks in the cluster's order."""
+
+    gpus: tuple[tuple[int, float], ...] = ()
+    """(GPU id, fraction of its rated compute it delivers), e.g. ((17, 0.6),)."""
+    links: tuple[tuple[int, float], ...] = ()
+    """(scale-up domain index, fraction of its rated scale-out bandwidth), e.g. ((3, 0.25),) for node 3's NICs."""
+
+    def __post_init__(self) -> None:
+        for name, items in (("gpus", self.gpus), ("links", self.links)):
+            for ident, frac in items:
+                if not isinstance(ident, int) or ident < 0:
+                    raise SpecError(f"derating.{name}", ident, "ids must be integers >= 0")
+                if not 0 < frac <= 1:
+                    raise SpecError(f"derating.{name}[{ident}]", frac, "must be a fraction in (0, 1] of the rating")
+
+    def __bool__(self) -> bool:
+        return bool(self.gpus or self.links)
+
+    def compute(self, lo: int, hi: int, stride: int = 1) -> float:
+        """Fraction of rated compute of the slowest GPU among ids ``range(lo, hi, stride)``."""
+        return min((f for i, f in self.gpus if lo <= i < hi and (i - lo) % stride == 0), default=1.0)
+
+    def link(self, domains: set[int]) -> float:
+        """Fraction of rated scale-out bandwidth of the slowest link among these scale-up domains."""
+        return min((f for d, f in self.links if d in domains), default=1.0)
+
+    def dropped(self, n: int, w: int, domain: int) -> set[int]:
+        """Scale-up domains idled when only ``w`` of the ``n`` GPUs run: the most derated whole domains first (a
+        planner idles the slow parts)."""
+        worst: dict[int, float] = {}
+        for i, f in self.gpus:
+            worst[i // domain] = min(worst.get(i // domain, 1.0), f)
+        for d, f in self.links:
+            worst[d] = min(worst.get(d, 1.0), f)
+        return set(sorted(worst, key=lambda d: worst[d])[:(n - w) // domain])
+
+    def renumbered(self, keep: list[int], domain: int) -> "Derating":
+        """The derating of the GPUs ``keep`` (old ids, in their new order, renumbered 0..len-1)."""
+        new = {g: i for i, g in enumerate(keep)}
+        links: dict[int, float] = {}
+        for d, f in self.links:
+            for g in range(d * domain, (d + 1) * domain):
+                if g in new:
+                    links[new[g] // domain] = min(links.get(new[g] // domain, 1.0), f)
+        return Derating(gpus=tuple((new[i], f) for i, f in self.gpus if i in new), links=tuple(sorted(links.items())))
+
+    def idle(self, n: int, w: int, domain: int) -> "Derating":
+        """The derating of the ``w`` GPUs that run when ``n - w`` idle (``dropped`` domains, then the last ids)."""
+        drop = self.dropped(n, w, domain)
+        return self.renumbered([g for g in range(n) if g // domain not in drop][:w], domain)
+
+
+@lru_cache(maxsize=256)  # one object per derated pace, so the search's per-pool caches stay shared
+def derated_pool(pool: Pool, *, compute: float, link: float) -> Pool:
+    """``pool`` with its GPUs at ``compute`` of their rated FLOPs and its scale-out levels at ``link`` of their
+    bandwidth (the scale-up level is inside the node and keeps its rating)."""
+    if compute == 1.0 and link == 1.0:
+        return pool
+    g = pool.gpu
+    peak = replace(g.peak, **{k: getattr(g.peak, k) * compute for k in ("fp32", "tf32", "bf16", "fp16", "fp8")})
+    levels = pool.network()
+    levels = levels[:1] + tuple(replace(lv, bandwidth=lv.bandwidth * link) for lv in levels[1:])
+    return replace(pool, gpu=replace(g, peak=peak), levels=levels)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
     """One or more pools. Homogeneous clusters have one pool."""
 
@@ -77,10 +149,17 @@ class ClusterSpec:
     """Per-GPU bandwidth between pools (bytes/s); 0 means the slowest pool NIC."""
     name: str = ""
     """Optional label."""
+    derating: Derating = Derating()
+    """GPUs and links running below their rating (none by default)."""
 
     def __post_init__(self) -> None:
         if not self.pools:
             raise SpecError("cluster.pools", self.pools, "a cluster needs at least one pool")
+        if self.derating and not self.homogeneous:
+            raise SpecError("derating", self.describe(), "is supported on a cluster of one GPU type so far")
+        bad = [i for i, _ in self.derating.gpus if i >= self.n_gpus]
+        if bad:
+            raise SpecError("derating.gpus", bad[0], f"must be GPU ids of the cluster, 0..{self.n_gpus - 1}")
 
     @property
     def n_gpus(self) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import SpecError, close_matches
-from meshplan.spec.cluster import ClusterSpec, NetworkLevel, Pool
+from meshplan.spec.cluster import ClusterSpec, Derating, NetworkLevel, Pool
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.hardware import GPUSpec, PeakFlops
 from meshplan.spec.model import (
@@ -189,8 +189,10 @@ def _level(d: dict, where: str) -> NetworkLevel:
 
 def cluster_from_dict(d: dict, gpu_lookup, where: str = "cluster") -> ClusterSpec:
     """A cluster file: ``[[pools]]`` with gpu (name or inline table), n_gpus, gpus_per_node, optional
-    ``[[pools.levels]]`` (name, span, per-GPU unidirectional bandwidth_gb_s, latency_us)."""
-    check_keys(where, d, {"name", "pools", "inter_pool_gb_s"}, ("pools",))
+    ``[[pools.levels]]`` (name, span, per-GPU unidirectional bandwidth_gb_s, latency_us) and an optional
+    ``[derating]`` table: ``gpus = [[17, 0.6]]`` (GPU id, fraction of rated compute) and ``links = [[3, 0.25]]``
+    (scale-up domain, fraction of rated scale-out bandwidth)."""
+    check_keys(where, d, {"name", "pools", "inter_pool_gb_s", "derating"}, ("pools",))
     pools = []
     for i, p in enumerate(d["pools"]):
         w = f"{where}.pools[{i}]"
@@ -199,8 +201,23 @@ def cluster_from_dict(d: dict, gpu_lookup, where: str = "cluster") -> ClusterSpe
         levels = tuple(_level(lv, f"{w}.levels[{j}]") for j, lv in enumerate(p.get("levels", [])))
         pools.append(Pool(gpu=gpu, n_gpus=int(p["n_gpus"]),
                           gpus_per_node=int(p.get("gpus_per_node", gpu.gpus_per_node)), levels=levels))
-    return ClusterSpec(pools=tuple(pools), name=d.get("name", ""),
+    return ClusterSpec(pools=tuple(pools), name=d.get("name", ""), derating=_derating(d.get("derating", {}), where),
                        inter_pool_bandwidth=float(d.get("inter_pool_gb_s", 0.0)) * 1e9)
+
+
+def _derating(d: dict, where: str) -> Derating:
+    w = f"{where}.derating"
+    if not isinstance(d, dict):
+        raise SpecError(w, d, "must be a table with gpus and/or links")
+    check_keys(w, d, {"gpus", "links"}, ())
+    out = {}
+    for key in ("gpus", "links"):
+        items = d.get(key, [])
+        if not isinstance(items, list) or not all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], int)
+                                                  and isinstance(x[1], (int, float)) for x in items):
+            raise SpecError(f"{w}.{key}", items, "must be a list of [id, fraction] pairs, e.g. [[17, 0.6]]")
+        out[key] = tuple((int(i), float(f)) for i, f in items)
+    return Derating(**out)
 
 
 # ---------------------------------------------------------------- software stacks
