@@ -110,6 +110,13 @@ def register(app: typer.Typer) -> None:
                                              "exist already (no set-up on the switch's path)."),
         max_memory_fraction: float = typer.Option(0.8, "--max-memory-fraction", help="Largest predicted peak as a "
                                                   "share of device memory."),
+        phase: str = typer.Option("", "--phase", help="generate: the RL generation layout for these GPUs (serving "
+                                  "planner) and the weights-only refit into it, instead of a cluster change."),
+        engine: str = typer.Option("vllm", "--engine", help="--phase generate: the serving engine profile."),
+        input_len: int = typer.Option(1024, "--input-len", min=1, help="--phase generate: prompt tokens."),
+        output_len: int = typer.Option(1024, "--output-len", min=1, help="--phase generate: generated tokens."),
+        rollouts: int = typer.Option(0, "--rollouts", min=0, help="--phase generate: prompts per phase (0 = the "
+                                     "plan's global batch)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
         out: str = typer.Option("", "--out", help="Write the chosen layout as a plan file (TOML)."),
     ) -> None:
@@ -128,6 +135,12 @@ def register(app: typer.Typer) -> None:
         spec = resolve_model(model or None, refs.get("model"))
         cluster = resolve_cluster(old_gpus or None, None, refs.get("gpus") or refs.get("cluster"))
         stack = resolve_framework(plan.framework, file_settings=refs.get("framework"))
+        if phase:
+            _check_phase(phase, out=out, changed=bool(lose or lose_ranks or add or gpus or seq_len or global_batch
+                                                      or slow_gpu or slow_link))
+            _generate(spec, cluster, plan, stack=stack, engine=engine, work=(input_len, output_len,
+                      rollouts or plan.global_batch), options=options, as_json=as_json)
+            return
         if out:
             output_path("--out", out)
         change = change_of(cluster, lose=lose, lose_ranks=lose_ranks, add=add, gpus=gpus,
@@ -145,6 +158,43 @@ def register(app: typer.Typer) -> None:
         _emit(result, spec, cluster, as_json=as_json, out=out, refs=refs, stack=stack)
         if not result.options:
             raise typer.Exit(NOTHING_FITS_EXIT)
+
+
+def _check_phase(phase: str, *, out: str, changed: bool) -> None:
+    from meshplan.errors import SpecError
+
+    if phase != "generate":
+        raise SpecError("--phase", phase, "must be 'generate' (the way back to training moves nothing)")
+    if changed:
+        raise SpecError("--phase", phase, "plans the generation layout of the same GPUs and job; give cluster or "
+                        "workload changes in a separate replan")
+    if out:
+        raise SpecError("--out", out, "is not written for --phase generate (the engine's launch comes from meshplan "
+                        "serve --export with the chosen layout pinned)")
+
+
+def _generate(spec, cluster, plan, *, stack, engine: str, work: tuple, options: int, as_json: bool) -> None:
+    from meshplan import catalog
+    from meshplan.calibrate.serve_constants import load_constants
+    from meshplan.cli.common import print_json, term_width
+    from meshplan.cost.transition_time import SwitchCosts
+    from meshplan.report.phase import phase_json, render_phase
+    from meshplan.search.phase import plan_generation
+    from meshplan.search.serve import ServeRequest
+    from meshplan.spec.serving import Workload
+
+    inp, outp, n = work
+    req = ServeRequest(model=spec, cluster=cluster, engine=catalog.engine(engine), disagg="off",
+                       work=Workload(input_len=inp, output_len=outp, concurrency=n), constants=load_constants())
+    # The engine and its communicators persist across RL iterations (built once), so a refit pays none.
+    result = plan_generation(spec, cluster, plan, serve=req, stack=stack, options=options,
+                             costs=SwitchCosts(groups_prebuilt=True))
+    if as_json:
+        print_json(phase_json(result, spec, cluster))
+    else:
+        sys.stdout.write(render_phase(result, spec, cluster, width=term_width()))
+    if result.choice is None:
+        raise typer.Exit(NOTHING_FITS_EXIT)
 
 
 def _emit(result, spec, cluster, *, as_json: bool, out: str, refs: dict, stack) -> None:
