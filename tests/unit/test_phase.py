@@ -83,3 +83,16 @@ def test_bad_phase_input_is_one_line(qwen_plan, capsys, args, field):
     assert main(["replan", "--from", str(qwen_plan), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and field in err
+
+
+def test_shipped_switch_overheads_are_the_fit_of_the_published_switches():
+    """transition_constants.toml is what the fit script writes from the anchors (no hand edits)."""
+    from meshplan.calibrate.transition_fit import constants_text, fit
+    from meshplan.cost.transition_time import _fitted_table
+
+    anchors = load_anchors()
+    n = sum(1 for a in anchors if a.get("role") == "fit")
+    shipped = _fitted_table()
+    assert shipped and {g: (o.fixed_s, o.per_tensor_s) for g, o in shipped.items()} == {
+        g: (float(f"{o.fixed_s:.4g}"), float(f"{o.per_tensor_s:.4g}")) for g, o in fit(anchors).items()}
+    assert "Do not edit by hand" in constants_text(fit(anchors), n)

@@ -181,16 +181,18 @@ def transfer_bytes(a: Placement, b: Placement, *, tensors: tuple[StateTensor, ..
         nb=rb.shape[0], universe=universe))
     resident_a = np.zeros(universe)
     ra = np.arange(a.phys.shape[0])
-    for t in tensors:
+    for alike in _alike(a.geo, b.geo, tensors):
+        t = alike[0]
         ctx.common = slots_common(a.geo, ctx.own, b.geo, rb, t)
         ctx.slots_b = slots_held(b.geo, t, rb)
         ctx.slots_a = slots_held(a.geo, t, ra)
         ctx.dom = _domain(a, b, inv, domain, t, rb)
         ctx.stages = _stages_crossed(a.geo, b.geo, t)
-        for kb in b.geo.kinds:
-            _one(ctx, t, kb)
+        for kinds in _kind_groups(a.geo, b.geo):
+            _one(ctx, alike, kinds)
+        elems = sum(x.elems for x in alike)
         for k in a.geo.kinds:
-            resident_a[a.phys] += ctx.slots_a * boxes(a.geo, t, k).area() * t.elems * k.bytes
+            resident_a[a.phys] += ctx.slots_a * boxes(a.geo, t, k).area() * elems * k.bytes
     acc = ctx.acc
     return TransferBytes(need=acc.need, in_local=acc.local, in_fabric=acc.fabric, lost=acc.lost, peers=acc.peers,
                          tensors=acc.tensors, out_local=acc.out_local, out_fabric=acc.out_fabric, resident_a=resident_a,
@@ -215,11 +217,37 @@ class _Ctx:
     stages: np.ndarray = None
 
 
-def _one(ctx: _Ctx, t: StateTensor, kb: StateKind) -> None:
-    """Add one tensor's one state kind to the sums."""
+def _limit(g: Geometry, t: StateTensor) -> int:
+    """The tensor's shard limit where it binds under ``g`` (``state_layout._boxes``), else 0."""
+    parts = g.plan.etp if t.expert else g.plan.tp
+    return t.tp_max if t.tp_max and parts > t.tp_max and parts % t.tp_max == 0 else 0
+
+
+def _alike(a: Geometry, b: Geometry, tensors: tuple[StateTensor, ...]) -> list[list[StateTensor]]:
+    """Tensors with the same layer slots that split alike under both layouts: every per-rank fraction of theirs
+    is the same, so they are summed once, weighted by their elements."""
+    groups: dict[tuple, list[StateTensor]] = {}
+    for t in tensors:
+        key = (t.slot_lo, t.slot_hi, t.tp_dim, t.expert, _limit(a, t), _limit(b, t))
+        groups.setdefault(key, []).append(t)
+    return list(groups.values())
+
+
+def _kind_groups(a: Geometry, b: Geometry) -> list[list[StateKind]]:
+    """The new layout's state kinds that share a box and a source box (a box depends only on the ZeRO stage)."""
+    groups: dict[tuple, list[StateKind]] = {}
+    for kb in b.kinds:
+        groups.setdefault((kb.zero_stage, _source_kind(a, kb).zero_stage), []).append(kb)
+    return list(groups.values())
+
+
+def _one(ctx: _Ctx, ts: list[StateTensor], kbs: list[StateKind]) -> None:
+    """Add tensors that split alike, in state kinds that shard alike, to the sums."""
     a, b, acc = ctx.a, ctx.b, ctx.acc
+    t, kb = ts[0], kbs[0]
     ka = _source_kind(a.geo, kb)
-    scale = t.elems * kb.bytes
+    elems = sum(x.elems for x in ts)
+    scale = elems * sum(k.bytes for k in kbs)
     b_box = boxes(b.geo, t, kb)
     need = ctx.slots_b * b_box.area()
     a_boxes = boxes(a.geo, t, ka)
@@ -239,8 +267,10 @@ def _one(ctx: _Ctx, t: StateTensor, kb: StateKind) -> None:
     acc.peers = np.maximum(acc.peers, np.where(live > 0, crossed - own_cell, 0))
     experts = b_box.experts if t.expert else 1.0
     copied = need > 0 if b.geo.separate else want > 0
-    acc.tensors += np.where(copied, t.pieces * ctx.slots_b * experts, 0.0)
-    acc.by_kind[kb.name] = acc.by_kind.get(kb.name, 0.0) + float(want.sum() * scale)
+    pieces = sum(x.pieces for x in ts) * len(kbs)
+    acc.tensors += np.where(copied, pieces * ctx.slots_b * experts, 0.0)
+    for k in kbs:
+        acc.by_kind[k.name] = acc.by_kind.get(k.name, 0.0) + float(want.sum() * elems * k.bytes)
     moved = float(live.sum() * scale)
     if moved <= 0:
         return
