@@ -4,6 +4,7 @@ and the pipeline-plus-DP-tail lower bound the driver uses before partitioning a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 from meshplan.cost.calib import gpu_calibration
 from meshplan.cost.comm import plan_links
@@ -14,7 +15,7 @@ from meshplan.search.bounds import LayerTable
 from meshplan.spec.cluster import Pool
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
-from meshplan.spec.schedules import schedule_spec
+from meshplan.spec.schedules import rank_stages, schedule_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,26 +29,38 @@ class EvenSplit:
     holds the last stage."""
 
 
+@dataclass(frozen=True)
+class _Sums:
+    work: list
+    dense: list
+    expert: list
+    fwd: list
+
+
+def _prefix(model: ModelSpec, table: LayerTable) -> _Sums:
+    """Running sums of the per-layer work, parameters and forward time, in layer order (index i = layers < i)."""
+    owner = [table.blocks[b] for b, blk in enumerate(model.blocks) for _ in range(blk.n_layers)]
+    return _Sums(*(list(accumulate((getattr(x, k) for x in owner), initial=0.0))
+                   for k in ("work", "dense", "expert", "fwd")))
+
+
 def even_split_work(model: ModelSpec, table: LayerTable, plan: Plan) -> EvenSplit:
     """Work of each pipeline rank when layers are split evenly over the virtual stages, the head on the rank
     that holds the last stage (looped placement, or rank 0 for V-shaped schedules)."""
     from meshplan.spec.checks import even_split
 
     split = even_split(model.n_layers, plan.n_stages)
-    owner = [b for b, blk in enumerate(model.blocks) for _ in range(blk.n_layers)]
-    work = [0.0] * plan.pp
+    sums = _prefix(model, table)  # running sums over layers: a stage's sum is a difference of two
+    ranks = rank_stages(plan.schedule_name, pp=plan.pp, n_stages=plan.n_stages)
+    bounds = list(accumulate(split, initial=0))
+    work = [sum(sums.work[bounds[v + 1]] - sums.work[bounds[v]] for v in stages) for stages in ranks]
     d = e = f = bw = 0.0
-    n0, i = 0, 0
-    for v, n in enumerate(split):
-        r = stage_rank(plan.schedule_name, stage=v, pp=plan.pp)
-        for b in owner[i:i + n]:
-            blk = table.blocks[b]
-            work[r] += blk.work
-            if r == 0:
-                d, e, n0 = d + blk.dense, e + blk.expert, n0 + 1
-                f += blk.fwd
-                bw += blk.work - blk.fwd
-        i += n
+    for v in ranks[0]:
+        lo, hi = bounds[v], bounds[v + 1]
+        d, e = d + sums.dense[hi] - sums.dense[lo], e + sums.expert[hi] - sums.expert[lo]
+        f += sums.fwd[hi] - sums.fwd[lo]
+        bw += (sums.work[hi] - sums.work[lo]) - (sums.fwd[hi] - sums.fwd[lo])
+    n0 = sum(split[v] for v in ranks[0])
     head_rank = stage_rank(plan.schedule_name, stage=plan.n_stages - 1, pp=plan.pp)
     work[head_rank] += table.head
     v_shaped = head_rank == 0 and plan.pp > 1
