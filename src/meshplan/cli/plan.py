@@ -135,6 +135,9 @@ def register(app: typer.Typer) -> None:
         tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap",
                                                        help="Overlap TP communication with GEMMs (Megatron/TE "
                                                             "userbuffers); default: the framework's."),
+        state_copies: int = typer.Option(0, "--state-copies", min=0, help="Keep this many copies of every "
+                                         "optimizer-state shard off its node, so losing that many nodes needs no "
+                                         "checkpoint (priced in memory and per-step traffic)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
         out: str = typer.Option("", "--out", help="Write the winner as a plan file (TOML)."),
     ) -> None:
@@ -152,7 +155,7 @@ def register(app: typer.Typer) -> None:
                                                         tp_comm_overlap=tp_comm_overlap))
         request = SearchRequest(global_batch=global_batch, seq_len=seq_len, precision=precision, framework=stack,
                                 max_memory_fraction=max_memory_fraction, objective="cost" if prices else "time",
-                                prices=prices, pins=pins, top=top, simulate=not no_sim)
+                                prices=prices, pins=pins, top=top, simulate=not no_sim, state_copies=state_copies)
         code = run_plan(model_ref=model, gpus=gpus, cluster_file=cluster, request=request, as_json=as_json, out=out)
         if code:
             raise typer.Exit(code)

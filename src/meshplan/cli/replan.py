@@ -152,7 +152,8 @@ def register(app: typer.Typer) -> None:
             n_new = cluster.n_gpus - len(change.lost) + change.added
             costs = SwitchCosts(groups_prebuilt=prebuilt_groups, storage_gbs_per_gpu=storage_gbs / n_new)
         request = SearchRequest(global_batch=global_batch or plan.global_batch, seq_len=seq_len or plan.seq_len,
-                                precision=plan.precision, framework=stack, max_memory_fraction=max_memory_fraction)
+                                precision=plan.precision, framework=stack, max_memory_fraction=max_memory_fraction,
+                                state_copies=plan.state_copies)  # the job keeps its redundancy policy
         rq = ReplanRequest(remaining_steps=remaining_steps, min_gain=min_gain, options=options, costs=costs)
         result = replan(spec, cluster, plan, change=change, request=request, rq=rq)
         _emit(result, spec, cluster, as_json=as_json, out=out, refs=refs, stack=stack)

@@ -299,10 +299,11 @@ def _assemble(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, times: Stag
     # The busy time splits into its parts; what the pipeline adds beyond busy is bubble and p2p.
     parts = dict(compute=rc.compute * m, tp_comm=rc.tp * m, cp_comm=rc.cp * m, ep_comm=rc.ep * m)
     scale = pipe.busy / max(sum(parts.values()) + fsdp, 1e-30)
+    copies = _copy_exposed(plan, ranks, ctxs, busy=pipe.busy)
     tb = TimeBreakdown(compute=parts["compute"] * scale, recompute=rc.recompute * m * scale,
                        host_wait=rc.host_wait * m * scale,
                        tp_comm=parts["tp_comm"] * scale, cp_comm=parts["cp_comm"] * scale,
-                       ep_comm=parts["ep_comm"] * scale, dp_comm=fsdp * scale + dp_step, bubble=pipe.bubble,
+                       ep_comm=parts["ep_comm"] * scale, dp_comm=fsdp * scale + dp_step + copies, bubble=pipe.bubble,
                        pp_comm=pipe.p2p, optimizer=opt, overhead=overhead)
     step = tb.total()
     flops = model_flops(model, plan)
@@ -315,6 +316,20 @@ def _assemble(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, times: Stag
                     capacity=min(p.gpu.hbm_bytes for p in cluster.pools), stage_times=times,
                     bubble_fraction=pipe.bubble / step, pipeline_source="closed-form" if pipeline is None
                     else "simulator")
+
+
+def _copy_exposed(plan: Plan, ranks: list[RankCost], ctxs: list[Ctx], *, busy: float) -> float:
+    """Exposed time of refreshing the peer copies of optimizer state (``Plan.state_copies``) after a step: each
+    rank sends its updated shard to each peer over its NIC, interleaved with the next step in the time its NIC
+    is not carrying data-parallel traffic (Gemini's traffic interleaving, Wang et al. SOSP'23 sec. 5) (s)."""
+    k = plan.extra_state_copies
+    if not k:
+        return 0.0
+    worst = 0.0
+    for rc, ctx in zip(ranks, ctxs):
+        send = k * rc.memory.optimizer / (1 + k) / ctx.gpu.nic_bandwidth
+        worst = max(worst, send - max(busy - rc.dp.total_traffic, 0.0))
+    return max(worst, 0.0)
 
 
 # -- uneven data-parallel batch shares (only plans with ``batch_shares``) ------------------------------------------

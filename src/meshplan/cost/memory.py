@@ -273,6 +273,7 @@ def rank_memory(model: ModelSpec, plan: Plan, stack: FrameworkProfile, load: Ran
     during the layers' backward; the output layer consumes the loss gradient before the first layer's backward
     starts (memcheck, Llama-3.1-8B full recompute: 25.1 GiB, not the 26.7 a sum of both gives)."""
     params, grads, optimizer = sharded_state(plan, stack, dense=load.dense, expert=load.expert)
+    optimizer *= 1 + plan.extra_state_copies  # peers' shards kept here (Plan.state_copies)
     held, late = holds_unsharded(plan), 0.0
     if held:
         params += (load.dense + load.expert) * 2.0

@@ -144,6 +144,9 @@ def plan_wide_approximations(plan: Plan, exporter: Exporter) -> tuple[str, ...]:
     if plan.batch_shares:
         out.append(f"uneven data-parallel batch shares per GPU pool {list(plan.batch_shares)}: the frameworks split "
                    "the global batch evenly over data-parallel ranks")
+    if plan.extra_state_copies:
+        out.append(f"state_copies={plan.state_copies}: peer copies of the optimizer state are meshplan's; the "
+                   "frameworks keep none (NVRx local checkpoints or torchft replica groups come closest)")
     if plan.framework not in exporter.stacks:
         out.append(f"the plan was predicted for the {plan.framework} stack; {exporter.name} runs it as "
                    f"{exporter.stacks[0]} (kernels, sharding and overlap differ): re-predict with --framework "

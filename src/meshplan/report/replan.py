@@ -36,7 +36,7 @@ def option_row(i: int, opt: SwitchOption) -> dict:
             "max_in_bytes": float(inflow.max()), "max_in_local_bytes": float(x.in_local.max()),
             "max_in_fabric_bytes": float(x.in_fabric.max()),
             "max_out_bytes": float((x.out_local + x.out_fabric).max()), "moved_bytes": x.moved,
-            "lost_bytes": float(x.lost.sum()), "moved_by_kind_bytes": dict(x.by_kind),
+            "lost_bytes": float(x.lost.sum()), "recovered_bytes": opt.recovered, "moved_by_kind_bytes": dict(x.by_kind),
             "messages_max": t.messages, "chunks": t.chunks, "staging_bytes": t.staging,
             "peak_bytes": t.peak_bytes, "to_move_bytes": opt.to_move, "to_move_default_bytes": opt.to_move_default,
             "rank_map": {"slot_order": list(m.slot_order), "gpu_of_rank": m.phys.tolist()}}
@@ -87,6 +87,9 @@ def _details(opt: SwitchOption) -> list[str]:
     kinds = ", ".join(f"{k} {v / GiB:,.0f}" for k, v in x.by_kind.items() if v > 0)
     if kinds:
         lines.append(f"  moved over all ranks: {x.moved / GiB:,.0f} GiB ({kinds} GiB by state kind)")
+    if opt.recovered > 0:
+        lines.append(f"  {opt.recovered / GiB:,.1f} GiB of the lost GPUs' state comes from its peer copies "
+                     "(state_copies): no checkpoint read, no step lost")
     if x.lost.sum() > 0:
         lines.append(f"  {x.lost.sum() / GiB:,.1f} GiB of state lived only on lost GPUs: read from the last "
                      "checkpoint (steps since it are lost)")

@@ -38,7 +38,7 @@ def pinned_plan(request: SearchRequest) -> Plan:
     if pins.get("vpp", 1) > 1 and "pp" not in pins:
         pins["pp"] = 2
     return Plan(global_batch=request.global_batch, seq_len=request.seq_len, precision=request.precision,
-                framework=request.framework.name, **pins)
+                framework=request.framework.name, state_copies=request.state_copies, **pins)
 
 
 def pin_violations(model: ModelSpec, cluster: ClusterSpec, request: SearchRequest, probe: Plan) -> list[str]:

@@ -91,6 +91,8 @@ class SwitchOption:
     """Seconds and memory of the switch."""
     horizon_s: float
     """Switch plus the remaining steps on this layout (s)."""
+    recovered: float = 0.0
+    """Bytes of lost GPUs' state taken from peer copies (``Plan.state_copies``) instead of storage."""
 
     @property
     def to_move(self) -> float:
@@ -208,9 +210,15 @@ def price_option(model: ModelSpec, stack, plan_a: Plan, rp: RankedPlan, *, clust
     rmap = choose_rank_map(ga, np.arange(n_old), gb, usable=usable, lost=lost, domain=domain, tensors=tensors)
     xb = transfer_bytes(Placement(ga, np.arange(n_old)), Placement(gb, rmap.phys), tensors=tensors, lost_gpus=lost,
                         domain=domain)
+    recovered = 0.0
+    if xb.lost.sum() > 0 and plan_a.state_copies >= len({int(g) // domain for g in lost}):
+        # Each lost shard has a copy on a surviving node (Plan.state_copies): it crosses the NICs instead of being
+        # read from the last checkpoint, and no step is lost.
+        recovered = float(xb.lost.sum())
+        xb = replace(xb, in_fabric=xb.in_fabric + xb.lost, lost=np.zeros_like(xb.lost))
     st = switch_time(xb, phys_b=rmap.phys, pool=pool, calib=gpu_calibration(pool.gpu), costs=rq.costs,
                      new_groups=new_groups(rp.plan))
-    return SwitchOption(ranked=rp, rank_map=rmap, bytes=xb, time=st,
+    return SwitchOption(ranked=rp, rank_map=rmap, bytes=xb, time=st, recovered=recovered,
                         horizon_s=st.total_s + rq.remaining_steps * rp.step_time)
 
 

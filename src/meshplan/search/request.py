@@ -52,12 +52,17 @@ class SearchRequest:
     """Evaluate every candidate with the full cost model (no bound, no dominance); for tests on small spaces."""
     max_micro_batch: int = 16
     """Largest micro-batch size considered (sequences)."""
+    state_copies: int = 0
+    """Every plan keeps this many copies of each optimizer-state shard off its node (``Plan.state_copies``),
+    priced in memory and per-step traffic."""
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "seq_len", "top", "max_micro_batch"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise SpecError(f"request.{name}", v, "must be an integer >= 1")
+        if not isinstance(self.state_copies, int) or isinstance(self.state_copies, bool) or self.state_copies < 0:
+            raise SpecError("--state-copies", self.state_copies, "must be an integer >= 0")
         if self.precision not in PRECISIONS:
             raise SpecError("request.precision", self.precision, f"must be one of {', '.join(PRECISIONS)}")
         if not isinstance(self.framework, FrameworkProfile):

@@ -263,4 +263,4 @@ def leaf_plan(leaf: Leaf, req: SearchRequest, **kw) -> Plan:
     return Plan(global_batch=req.global_batch, seq_len=req.seq_len, micro_batch=leaf.micro_batch, tp=d.tp,
                 sp=use_sp(d, req), cp=d.cp, cp_kind=leaf.cp_kind, pp=d.pp, vpp=leaf.vpp, schedule=leaf.schedule,
                 dp=d.dp, zero=leaf.zero, dp_shard=leaf.dp_shard, ep=d.ep, etp=d.etp, precision=req.precision,
-                framework=req.framework.name, **kw)
+                framework=req.framework.name, state_copies=req.state_copies, **kw)

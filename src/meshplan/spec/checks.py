@@ -130,6 +130,10 @@ def plan_violations(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[
                    f"the cluster has {cluster.n_gpus}")
     if plan.batch_shares:
         out += _shares_violations(model, cluster, plan)
+    domains = max(cluster.n_gpus // cluster.pools[0].network()[0].span, 1)
+    if plan.state_copies >= domains:
+        out.append(f"state_copies={plan.state_copies} needs {plan.state_copies + 1} scale-up domains (nodes), so "
+                   f"that each copy lives off its shard's node; the cluster has {domains}")
     if plan.precision == "fp8" and any(p.gpu.peak.fp8 <= 0 for p in cluster.pools):
         bad = [p.gpu.name for p in cluster.pools if p.gpu.peak.fp8 <= 0]
         out.append(f"precision fp8 needs FP8 tensor cores; {', '.join(bad)} has none (use bf16)")

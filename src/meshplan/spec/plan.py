@@ -74,6 +74,12 @@ class Plan:
     framework: str = DEFAULT_FRAMEWORK
     """The software stack that runs the plan: a profile name from ``catalog/frameworks`` (what a stack does that the
     layout does not say: kernel fusion, FSDP flavour, overlap, recompute policy, optimizer precision)."""
+    state_copies: int = 0
+    """Copies of every optimizer-state shard (fp32 master weights, Adam moments) that survive the loss of any
+    ``state_copies`` scale-up domains (nodes), so a failure needs no storage: ZeRO's data-parallel replicas
+    count (HSDP's replica groups, zero 0's replicas); what they lack is kept in GPU memory on peers in other
+    domains and refreshed after each optimizer step (Gemini, SOSP'23, keeps such copies in peer CPU memory;
+    ``shared/notes/elastic.md`` sec. 5.3). 0 = none kept on purpose."""
     batch_shares: tuple[int, ...] = ()
     """Mixed clusters: micro-batches per step of each data-parallel replica, per pool in cluster order (every
     replica on pool i runs ``batch_shares[i]``; global_batch = sum_i replicas_i * share_i * micro_batch);
@@ -83,6 +89,7 @@ class Plan:
         for name in ("global_batch", "seq_len", "micro_batch", "tp", "cp", "pp", "vpp", "dp", "ep", "etp"):
             _check_int(name, getattr(self, name), 1)
         _check_int("recompute_layers", self.recompute_layers, 0)
+        _check_int("state_copies", self.state_copies, 0)
         _check_int("dp_shard", self.dp_shard, 0)
         if self.zero not in (0, 1, 2, 3):
             raise SpecError("plan.zero", self.zero, "must be 0, 1, 2 or 3")
@@ -134,6 +141,12 @@ class Plan:
         if self.zero == 0:
             return 1
         return self.dp_shard or self.dp
+
+    @property
+    def extra_state_copies(self) -> int:
+        """Peer copies of each optimizer-state shard kept beyond the data-parallel replicas that already hold it
+        (dp / shard_group - 1 of them) to reach ``state_copies``."""
+        return max(self.state_copies - (self.dp // self.shard_group - 1), 0)
 
     @property
     def zero_group(self) -> int:
