@@ -6,6 +6,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshplan.calibrate.pairs import Pair, find_pairs, summary
 from meshplan.calibrate.runs import load_runs
 from meshplan.cost.estimate import estimate
 
@@ -41,6 +42,8 @@ class ValidationReport:
     """Predicted rows."""
     skipped: tuple[tuple[str, str], ...]
     """(id, reason) of rows that could not be expressed."""
+    pairs: tuple[Pair, ...] = ()
+    """Rows of one job differing in one or two knobs (``calibrate.pairs``)."""
 
     def _ape(self) -> list[float]:
         return [abs(r.error_pct) for r in self.rows]
@@ -66,7 +69,11 @@ class ValidationReport:
                           "error_pct": r.error_pct, "framework": r.framework, "recipes": list(r.recipes)}
                          for r in self.rows],
                 "n": len(self.rows), "mape_pct": self.mape, "median_ape_pct": self.median_ape,
-                "max_ape_pct": self.max_ape, "skipped": [{"id": i, "reason": why} for i, why in self.skipped]}
+                "max_ape_pct": self.max_ape, "skipped": [{"id": i, "reason": why} for i, why in self.skipped],
+                "pairs": [{"a": p.a, "b": p.b, "knobs": list(p.knobs), "measured_ratio": p.measured_ratio,
+                           "predicted_ratio": p.predicted_ratio, "ratio_error_pct": p.ratio_error_pct,
+                           "order_right": p.order_right, "tie": p.tie} for p in self.pairs],
+                "pairs_summary": summary(list(self.pairs))}
 
 
 def validate_csv(path: str | Path, *, calib: dict | None = None, simulate: bool = False) -> ValidationReport:
@@ -83,4 +90,5 @@ def validate_csv(path: str | Path, *, calib: dict | None = None, simulate: bool 
         rows.append(RowResult(id=r.id, measured_s=r.measured_s, predicted_s=est.step_time,
                               peak_memory_gib=est.peak_memory / 2**30, framework=r.profile_note,
                               recipes=r.recipes))
-    return ValidationReport(rows=tuple(rows), skipped=tuple(skipped))
+    pairs = find_pairs(runs, {r.id: r.predicted_s for r in rows})
+    return ValidationReport(rows=tuple(rows), skipped=tuple(skipped), pairs=tuple(pairs))

@@ -28,7 +28,25 @@ def render(report, width: int = 80) -> str:
         con.print(f"skipped {i}: {why}")
     con.print(f"n={len(report.rows)}  MAPE {report.mape:.1f} %  median {report.median_ape:.1f} %  "
               f"max {report.max_ape:.1f} %  skipped {len(report.skipped)}")
+    if report.pairs:
+        con.print(_pairs_table(report))
     return buf.getvalue()
+
+
+def _pairs_table(report):
+    """Runs of one job differing in one or two knobs: the predicted ratio's error and whether the order is right."""
+    from rich.table import Table
+
+    from meshplan.calibrate.pairs import summary
+
+    t = Table(show_header=True, title="pairs: runs of one job that differ in one or two knobs")
+    for col in ("knobs", "pairs", "median ratio error %", "max %", "order right"):
+        t.add_column(col, justify="left" if col == "knobs" else "right")
+    s = summary(list(report.pairs))
+    for name, v in [*s["by_knobs"].items(), ("all", s["all"])]:
+        t.add_row(name, str(v["n"]), f"{v['median_ratio_error_pct']:.1f}", f"{v['max_ratio_error_pct']:.1f}",
+                  f"{v['order_right']}/{v['ordered']}" + (" (ties excluded)" if name == "all" else ""))
+    return t
 
 
 def register(app: typer.Typer) -> None:
