@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from meshplan.calibrate.bands import band_for
 from meshplan.cli.common import (
     gib,
     output_path,
@@ -21,6 +22,7 @@ from meshplan.cli.common import (
 )
 from meshplan.cost.result import INSIDE_COMPUTE
 from meshplan.errors import SpecError
+from meshplan.report.band import band_json, band_text
 from meshplan.spec.io import read_plan_file
 from meshplan.spec.plan import Plan
 
@@ -72,6 +74,7 @@ def render(est, model, cluster, plan, stack=None, width: int = 80) -> str:
     stack_line = plan.framework + (f" ({', '.join(f'{k}={v}' for k, v in stack_changes(stack).items())})"
                                    if stack is not None and stack_changes(stack) else "")
     for k, v in (("layout", layout), ("framework", stack_line), ("step time", f"{est.step_time:.3f} s"),
+                 ("80 % band", band_text(band_for(model, cluster, plan), est.step_time)),
                  ("tokens/s", f"{est.tokens_per_s:,.0f}"),
                  ("MFU", f"{100 * est.mfu:.1f} %" + (f" ({mfu_peak(plan.precision)})" if plan.precision == "fp8"
                                                      else "")),
@@ -162,7 +165,8 @@ def register(app: typer.Typer) -> None:
             wrote(trace, "Chrome/Perfetto trace of the predicted step")
         if as_json:
             print_json({"model": mdl.name, "gpus": clu.describe(), "plan": the_plan.to_dict(),
-                        "framework": {"name": stack.name, **stack_changes(stack)}, **est.as_dict()})
+                        "framework": {"name": stack.name, **stack_changes(stack)}, **est.as_dict(),
+                        "band": band_json(band_for(mdl, clu, the_plan), est.step_time)})
         else:
             typer.echo(render(est, mdl, clu, the_plan, stack, width=term_width()))
 

@@ -15,6 +15,17 @@ import typer
 NOTHING_FITS_EXIT = 4
 
 
+def _check_objective(objective: str, prices: dict) -> None:
+    from meshplan.errors import SpecError
+
+    if objective and objective not in ("time", "cost", "robust"):
+        raise SpecError("--objective", objective, "must be time, cost or robust")
+    if objective == "cost" and not prices:
+        raise SpecError("--objective", objective, "cost needs --price (dollars per GPU-hour)")
+    if objective in ("time", "robust") and prices:
+        raise SpecError("--objective", objective, "--price ranks by cost; drop one of them")
+
+
 def _prices(text: str) -> dict:
     """``a100-80gb=1.5,h100-sxm=2.9`` or a single number for every GPU type."""
     from meshplan.errors import SpecError
@@ -135,6 +146,8 @@ def register(app: typer.Typer) -> None:
         tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap",
                                                        help="Overlap TP communication with GEMMs (Megatron/TE "
                                                             "userbuffers); default: the framework's."),
+        objective: str = typer.Option("", "--objective", help="time (default), cost (with --price) or robust: rank "
+                                      "by the slow end of each plan's 80 % error band."),
         state_copies: int = typer.Option(0, "--state-copies", min=0, help="Keep this many copies of every "
                                          "optimizer-state shard off its node, so losing that many nodes needs no "
                                          "checkpoint (priced in memory and per-step traffic)."),
@@ -153,8 +166,10 @@ def register(app: typer.Typer) -> None:
         prices = _prices(price)
         stack = resolve_framework(framework, flags=dict(grad_dtype=grad_dtype, optimizer_dtype=optimizer_dtype,
                                                         tp_comm_overlap=tp_comm_overlap))
+        _check_objective(objective, prices)
         request = SearchRequest(global_batch=global_batch, seq_len=seq_len, precision=precision, framework=stack,
-                                max_memory_fraction=max_memory_fraction, objective="cost" if prices else "time",
+                                max_memory_fraction=max_memory_fraction,
+                                objective=objective or ("cost" if prices else "time"),
                                 prices=prices, pins=pins, top=top, simulate=not no_sim, state_copies=state_copies)
         code = run_plan(model_ref=model, gpus=gpus, cluster_file=cluster, request=request, as_json=as_json, out=out)
         if code:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from io import StringIO
 
+from meshplan.calibrate.bands import band_for
 from meshplan.cost.result import INSIDE_COMPUTE
 from meshplan.report.analysis import GIB, verdict
+from meshplan.report.band import band_json, band_text
 from meshplan.report.layout import layout_short, recompute_text
 from meshplan.search.result import RankedPlan, SearchResult
 
@@ -26,8 +28,8 @@ def front(result: SearchResult) -> list[RankedPlan]:
     return list(result.front)
 
 
-def plan_row(rp: RankedPlan) -> dict:
-    """JSON view of one ranked plan."""
+def plan_row(rp: RankedPlan, model=None) -> dict:
+    """JSON view of one ranked plan (with its error band when the model is given)."""
     e = rp.best
     return {"plan": rp.plan.to_dict(), "layout": layout_short(rp.plan), "gpus": rp.cluster.describe(),
             "schedule": rp.plan.schedule_name if rp.plan.pp > 1 else "", "micro_batch": rp.plan.micro_batch,
@@ -36,14 +38,15 @@ def plan_row(rp: RankedPlan) -> dict:
             "bubble_fraction": e.bubble_fraction, "exposed_comm_s": exposed_comm(rp),
             "closed_form_step_time_s": rp.estimate.step_time,
             "pipeline_source": e.pipeline_source, "tokens_per_dollar": rp.tokens_per_dollar,
-            "time_s": e.time.as_dict(), "memory_bytes": e.memory.as_dict()}
+            "time_s": e.time.as_dict(), "memory_bytes": e.memory.as_dict(),
+            **({"band": band_json(band_for(model, rp.cluster, rp.plan), e.step_time)} if model is not None else {})}
 
 
 def result_json(result: SearchResult) -> dict:
     """The ``--json`` document."""
-    out = {"plans": [plan_row(rp) for rp in result.plans], "considered": result.considered,
+    out = {"plans": [plan_row(rp, result.model) for rp in result.plans], "considered": result.considered,
            "pruned": dict(sorted(result.pruned.items())), "evaluated": result.evaluated,
-           "search_time_s": result.search_time_s, "pareto": [plan_row(rp) for rp in front(result)],
+           "search_time_s": result.search_time_s, "pareto": [plan_row(rp, result.model) for rp in front(result)],
            "framework": result.request.framework.name}
     if result.infeasible is not None:
         inf = result.infeasible
@@ -99,8 +102,8 @@ def _table(result: SearchResult, width: int):
     mixed = not result.cluster.homogeneous
     t = Table(title="best plans", show_header=True, box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD,
               pad_edge=wide, padding=(0, 1) if wide else (0, 0, 0, 1), show_edge=wide)
-    cols = (["#", "layout", "schedule", "mb", "recompute", "step s", "tokens/s", "MFU %", "peak GiB", "bubble %",
-             "comm s"] if wide else ["#", "layout", "recompute", "step s", "MFU %", "GiB"] +
+    cols = (["#", "layout", "schedule", "mb", "recompute", "step s", "band %", "tokens/s", "MFU %", "peak GiB",
+             "bubble %", "comm s"] if wide else ["#", "layout", "recompute", "step s", "MFU %", "GiB"] +
             ([] if cost else ["bubble %"]) + ["comm s"])
     cols += (["tokens/$"] if cost else []) + (["GPUs (stage order)"] if mixed and wide else [])
     for col in cols:
@@ -114,13 +117,36 @@ def _table(result: SearchResult, width: int):
         on = f" on {rp.cluster.describe()}" if mixed else ""
         head = [str(i), layout_short(p), sched, str(p.micro_batch)] if wide else \
             [str(i), f"{layout_short(p)}{f' {sched}' if p.pp > 1 else ''} mb{p.micro_batch}{on}"]
-        row = head + [recompute_text(p), f"{e.step_time:.3f}"] + ([f"{e.tokens_per_s:,.0f}"] if wide else []) + \
+        row = head + [recompute_text(p), f"{e.step_time:.3f}"] + \
+            ([_band_cell(result.model, rp), f"{e.tokens_per_s:,.0f}"] if wide else []) + \
             [f"{100 * e.mfu:.1f}", f"{e.peak_memory / GIB:.1f}"] + \
             ([f"{100 * e.bubble_fraction:.1f}"] if wide or not cost else []) + [f"{exposed_comm(rp):.3f}"]
         row += ([f"{rp.tokens_per_dollar:,.0f}" if wide else f"{rp.tokens_per_dollar / 1e6:.2f}M"] if cost else [])
         row += [rp.cluster.describe()] if mixed and wide else []
         t.add_row(*row)
     return t
+
+
+def _band_cell(model, rp: RankedPlan) -> str:
+    """``-4/+3`` (% of measured time against predicted, 80 % band), ``!`` where no validated run covers it."""
+    b = band_for(model, rp.cluster, rp.plan)
+    if b is None:
+        return "-"
+    fast, slow = b.interval(rp.step_time)
+    return f"{100 * (fast / rp.step_time - 1):+.0f}/{100 * (slow / rp.step_time - 1):+.0f}{'' if b.covered else '!'}"
+
+
+def band_lines(result: SearchResult) -> list[str]:
+    """Below the table: the winner's band, the bands of the others (compact tables have no column), and the
+    flag of any plan no validated run covers."""
+    out = []
+    for i, rp in enumerate(result.plans, 1):
+        b = band_for(result.model, rp.cluster, rp.plan)
+        if b is None:
+            return []
+        if i == 1 or not b.covered:
+            out.append(f"#{i} 80 % band: {band_text(b, rp.step_time)}")
+    return out
 
 
 def idle_pools(cluster, used) -> str:
@@ -172,6 +198,8 @@ def render_text(result: SearchResult, width: int = 80) -> str:
         con.print(f"NOTHING FITS: {result.infeasible.reason}")
     else:
         con.print(_table(result, width))
+        for line in band_lines(result):
+            con.print(line)
         win = result.plans[0]
         idle = idle_pools(result.cluster, win.cluster)
         if idle:

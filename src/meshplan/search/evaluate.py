@@ -37,7 +37,7 @@ class Front:
     def add(self, space: SearchSpace, rp: RankedPlan) -> None:
         """Record a fitting plan."""
         self.plans.append(rp)
-        insort(self.keys, space.key(rp.cluster, rp.estimate.step_time))
+        insort(self.keys, space.key(rp.cluster, rp.estimate.step_time, rp.plan))
 
 
 @dataclass(kw_only=True)
@@ -110,7 +110,7 @@ def ladder(ev: Evaluation, variant: ClusterSpec, plan: Plan) -> None:
     if fits(space, base):
         ev.front.add(space, base)
         return
-    if not space.request.exhaustive and space.key(variant, base.estimate.step_time) >= ev.front.best_key():
+    if not space.request.exhaustive and space.key(variant, base.estimate.step_time, base.plan) >= ev.front.best_key():
         ev.tally.pruned["bound (recompute only adds time)"] += 1
         return
     pin = space.request.pins.get("recompute")

@@ -40,10 +40,10 @@ def finish(space: SearchSpace, tally: Tally, fitting: list[RankedPlan], *, t0: f
     from meshplan.search.infeasible import nothing_fits
 
     req = space.request
-    top = sorted(fitting, key=lambda rp: space.key(rp.cluster, rp.estimate.step_time))[: req.top]
+    top = sorted(fitting, key=lambda rp: space.key(rp.cluster, rp.estimate.step_time, rp.plan))[: req.top]
     if req.simulate:
         top = [_simulated(space.model, rp, req.framework, space.calib) for rp in top]
-        top.sort(key=lambda rp: space.key(rp.cluster, rp.step_time))
+        top.sort(key=lambda rp: space.key(rp.cluster, rp.step_time, rp.plan))
     infeasible = None
     if not top:
         infeasible = nothing_fits(space, tally, lean)
@@ -51,7 +51,7 @@ def finish(space: SearchSpace, tally: Tally, fitting: list[RankedPlan], *, t0: f
     # A front member simulated faster than a table row takes its place: one time per plan, one ranking.
     ranked = {(id(rp.cluster), rp.plan) for rp in top}
     top = sorted(top + [rp for rp in front if (id(rp.cluster), rp.plan) not in ranked],
-                 key=lambda rp: space.key(rp.cluster, rp.step_time))[: req.top]
+                 key=lambda rp: space.key(rp.cluster, rp.step_time, rp.plan))[: req.top]
     return SearchResult(model=space.model, cluster=space.cluster, request=req, plans=tuple(top),
                         fitting=tuple(fitting), front=tuple(front), considered=tally.considered,
                         pruned=dict(tally.pruned), evaluated=tally.evaluated,

@@ -9,7 +9,7 @@ from meshplan.errors import SpecError
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.plan import DEFAULT_FRAMEWORK, PRECISIONS
 
-OBJECTIVES = ("time", "cost")
+OBJECTIVES = ("time", "cost", "robust")
 PIN_FIELDS = ("tp", "sp", "cp", "cp_kind", "pp", "vpp", "schedule", "dp", "zero", "dp_shard", "ep", "etp",
               "micro_batch", "recompute", "recompute_layers", "rank_order")
 DEFAULT_MEMORY_FRACTION = 0.8
@@ -32,7 +32,8 @@ class SearchRequest:
     max_memory_fraction: float = DEFAULT_MEMORY_FRACTION
     """Largest predicted peak per GPU as a share of its device memory (may exceed 1 to reproduce a layout)."""
     objective: str = "time"
-    """``time`` (step time) or ``cost`` (tokens per dollar; needs prices)."""
+    """``time`` (step time), ``cost`` (tokens per dollar; needs prices) or ``robust`` (the slow end of each
+    plan's 80 % error band, ``calibrate.bands``: a layout the model has rarely been tested on must win by more)."""
     prices: dict = field(default_factory=dict)
     """Price per GPU-hour by GPU name; missing names fall back to the catalog's price."""
     pins: dict = field(default_factory=dict)

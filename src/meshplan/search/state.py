@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from meshplan.calibrate.bands import least_pessimism, pessimism
 from meshplan.cost.estimate import rank_pool
 from meshplan.search.bounds import LayerTable, layer_table, p2p_factor, p2p_send_time
 from meshplan.search.hetero import cluster_variants, in_cluster_order
@@ -73,11 +74,15 @@ class SearchSpace:
         frac = self.request.max_memory_fraction
         return [frac * rank_pool(variant, plan, r).gpu.hbm_bytes for r in range(plan.pp)]
 
-    def key(self, variant: ClusterSpec, step: float) -> float:
-        """Objective: step time, or currency per token for the cost objective."""
+    def key(self, variant: ClusterSpec, step: float, plan: Plan | None = None) -> float:
+        """Objective: step time, currency per token for the cost objective, or for the robust objective the
+        slow end of the plan's 80 % error band (``calibrate.bands``; without a plan, as for a bound, the least
+        pessimistic band of any layout, so the key stays a lower bound)."""
         req = self.request
         if req.objective == "cost":
             return step * dollars_per_hour(variant, req.prices) / (req.global_batch * req.seq_len)
+        if req.objective == "robust":
+            return step * (pessimism(self.model, variant, plan) if plan is not None else least_pessimism())
         return step
 
     def has_shares(self, variant: ClusterSpec) -> bool:
