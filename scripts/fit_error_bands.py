@@ -7,9 +7,9 @@ import csv
 import sys
 from pathlib import Path
 
-from meshplan.calibrate.bands import BANDS_FILE, Residual, coverage, kind_of
 from meshplan.calibrate.loso import loso_errors
 from meshplan.calibrate.runs import load_runs
+from meshplan.cost.bands import BANDS_FILE, Residual, coverage, kind_of
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from meshplan.calibrate.bands import (
+from meshplan.cli import main
+from meshplan.cost.bands import (
     Residual,
     band_from,
     coverage,
@@ -17,7 +18,6 @@ from meshplan.calibrate.bands import (
     quantile,
     shipped,
 )
-from meshplan.cli import main
 
 
 def _res(kind: str, gen: str, n: int, errors: list[float], prefix: str = "s") -> list[Residual]:

@@ -40,9 +40,9 @@ FRAGILE = "fragile win: slower at the slow end of its 80 % band"
 
 
 def _robustness(best, run) -> str:
-    """Whether the planner's plan, at the slow end of its 80 % error band (``calibrate.bands``), still beats the
+    """Whether the planner's plan, at the slow end of its 80 % error band (``cost.bands``), still beats the
     published layout's measured step."""
-    from meshplan.calibrate.bands import pessimism
+    from meshplan.cost.bands import pessimism
 
     slow = best.estimate.step_time * pessimism(run.model, best.cluster, best.plan)
     return f"{ROBUST} ({slow:.3f} s vs the published {run.measured_s:.3f} s measured)" if slow < run.measured_s \

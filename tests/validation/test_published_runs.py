@@ -29,7 +29,7 @@ def test_many_local_experts_are_host_bound(runs_csv):
 
 def test_json_shape(runs_csv):
     d = validate_csv(runs_csv).as_dict()
-    assert set(d) == {"rows", "n", "mape_pct", "median_ape_pct", "max_ape_pct", "skipped"}
+    assert set(d) == {"rows", "n", "mape_pct", "median_ape_pct", "max_ape_pct", "skipped", "pairs", "pairs_summary"}
     assert set(d["rows"][0]) == {"id", "measured_s", "predicted_s", "error_pct", "framework", "recipes"}
     rows = {r["id"]: r for r in d["rows"]}
     # The profile comes from the framework columns, the rest from recipes, and the JSON says which applied.

@@ -1,6 +1,6 @@
 """Leave-one-source-out predictions of the published runs: each source's runs predicted with constants fitted on
 the other sources' runs (the error a new source should expect; ``benchmarks/bench_cross_validation.py`` prints the
-per-source table, ``calibrate.bands`` turns the errors into bands)."""
+per-source table, ``cost.bands`` turns the errors into bands)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ from typing import Optional
 
 import typer
 
-from meshplan.calibrate.bands import band_for
 from meshplan.cli.common import (
     gib,
     output_path,
@@ -20,6 +19,7 @@ from meshplan.cli.common import (
     term_width,
     wrote,
 )
+from meshplan.cost.bands import band_for
 from meshplan.cost.result import INSIDE_COMPUTE
 from meshplan.errors import SpecError
 from meshplan.report.band import band_json, band_text

@@ -1,9 +1,9 @@
-"""How a prediction's error band reads (``calibrate.bands``): the measured step times it allows, where it comes
+"""How a prediction's error band reads (``cost.bands``): the measured step times it allows, where it comes
 from, and the flag when no validated run covers the layout."""
 
 from __future__ import annotations
 
-from meshplan.calibrate.bands import Band
+from meshplan.cost.bands import Band
 
 
 def band_text(band: Band | None, step: float) -> str:

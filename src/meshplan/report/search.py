@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from io import StringIO
 
-from meshplan.calibrate.bands import band_for
+from meshplan.cost.bands import band_for
 from meshplan.cost.result import INSIDE_COMPUTE
 from meshplan.report.analysis import GIB, verdict
 from meshplan.report.band import band_json, band_text

@@ -33,7 +33,7 @@ class SearchRequest:
     """Largest predicted peak per GPU as a share of its device memory (may exceed 1 to reproduce a layout)."""
     objective: str = "time"
     """``time`` (step time), ``cost`` (tokens per dollar; needs prices) or ``robust`` (the slow end of each
-    plan's 80 % error band, ``calibrate.bands``: a layout the model has rarely been tested on must win by more)."""
+    plan's 80 % error band, ``cost.bands``: a layout the model has rarely been tested on must win by more)."""
     prices: dict = field(default_factory=dict)
     """Price per GPU-hour by GPU name; missing names fall back to the catalog's price."""
     pins: dict = field(default_factory=dict)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from meshplan.calibrate.bands import least_pessimism, pessimism
+from meshplan.cost.bands import least_pessimism, pessimism
 from meshplan.cost.estimate import rank_pool
 from meshplan.search.bounds import LayerTable, layer_table, p2p_factor, p2p_send_time
 from meshplan.search.hetero import cluster_variants, in_cluster_order
@@ -76,7 +76,7 @@ class SearchSpace:
 
     def key(self, variant: ClusterSpec, step: float, plan: Plan | None = None) -> float:
         """Objective: step time, currency per token for the cost objective, or for the robust objective the
-        slow end of the plan's 80 % error band (``calibrate.bands``; without a plan, as for a bound, the least
+        slow end of the plan's 80 % error band (``cost.bands``; without a plan, as for a bound, the least
         pessimistic band of any layout, so the key stays a lower bound)."""
         req = self.request
         if req.objective == "cost":

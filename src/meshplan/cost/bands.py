@@ -8,7 +8,7 @@ band is the 10th-90th percentile of the errors of its most specific group with a
 ((kind, generation), then kind, then all). A layout whose kind no validated run shows near its scale (a factor of
 4 in GPU count, same generation) is flagged, and its band is the widest group's 5th-95th percentiles.
 
-``scripts/fit_error_bands.py`` refits and writes ``error_bands.csv`` (one row per run: id, kind, generation,
+``scripts/fit_error_bands.py`` refits and writes ``calibrate/error_bands.csv`` (one row per run: id, kind, generation,
 GPUs, LOSO error); nothing here is edited by hand.
 """
 
