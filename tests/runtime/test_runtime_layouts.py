@@ -4,6 +4,7 @@ norms (fp32): dense GQA, GPT-style tied embeddings, MoE and MLA models under eve
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from runtime_helpers import TOL, check_ok, config, grad_norms, launch, losses
@@ -88,6 +89,8 @@ def test_two_processes_dp_fsdp_pp_cp(tmp_path):
         cfgs.append(config(tmp_path, f"pp_{name}", pp=2, schedule=name, recompute="full"))
     for name in ("interleaved_1f1b", "looped_bfs", "zbv", "dualpipev"):
         cfgs.append(config(tmp_path, f"pp_{name}", pp=2, vpp=2, schedule=name))
+    # Two steps each: the second checks the optimizer's update as well as the first step's gradients.
+    cfgs = [replace(c, steps=2) for c in cfgs]
     check_ok(launch(cfgs, nproc=2, tmp=tmp_path))
     _assert_match(cfgs)
 

@@ -6,7 +6,7 @@ honest error on a new source; ``loso_residuals``). The signed relative errors ar
 the layout's kind (``kind_of``: MoE, pipeline, FSDP/ZeRO-3, other) and the GPU generation. A prediction's 80 %
 band is the 10th-90th percentile of the errors of its most specific group with at least ``MIN_ROWS`` runs
 ((kind, generation), then kind, then all). A layout whose kind no validated run shows near its scale (a factor of
-4 in GPU count, same generation) is flagged, and its band is the widest group's 5th-95th percentiles.
+4 in GPU count, same generation) is flagged, and its band is all runs' 5th-95th percentiles.
 
 ``scripts/fit_error_bands.py`` refits and writes ``calibrate/error_bands.csv`` (one row per run: id, kind, generation,
 GPUs, LOSO error); nothing here is edited by hand.
