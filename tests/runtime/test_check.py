@@ -90,7 +90,7 @@ def test_gpu_check_needs_a_gpu_profile():
 def closed_loop(tmp_path_factory, local_profile) -> dict:
     out = tmp_path_factory.mktemp("check")
     proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "check", "--model", "small-llama", "--nproc", "2",
-                           "--hardware", local_profile, "--warmup", "1", "--rounds", "3", "--json"],
+                           "--hardware", local_profile, "--warmup", "1", "--rounds", "2", "--json"],
                           capture_output=True, text=True, timeout=600, cwd=out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
@@ -130,7 +130,8 @@ def test_check_runs_every_plan_for_real(closed_loop):
 def test_check_ranks_plans_better_than_chance(closed_loop):
     # With sync_s calibrated from a real TP+SP probe step (2-3 ms per blocking call on 2 shared cores), three
     # check runs gave median tau 0.79 (spread 0.15), regret 0 %; the bounds leave room for a loaded machine (one
-    # run under load measured 25.5 %; a random pick among these plans regrets ~100 %).
+    # run under load measured 25.5 %; a random pick among these plans regrets ~100 %). Those were 3 rounds per plan;
+    # the suite takes 2 since stop 21 (its time), benchmarks/bench_closed_loop.py 5.
     assert closed_loop["kendall_tau"] >= 0.45
     assert closed_loop["regret_pct"] <= 40.0
 

@@ -33,7 +33,8 @@ def _plan(global_batch: int = 4, **kw) -> Plan:
 
 
 # Each layout switches to the next: FSDP, TP+SP, PP (2 and 4 stages, two schedules, an uneven split), CP, HSDP,
-# TP+CP, DDP, then TP with ZeRO-1 and full recompute, another rank order, kv heads replicated, CP all-to-all.
+# TP+CP, DDP, then TP with ZeRO-1 and full recompute, CP+FSDP in another rank order, kv heads replicated, CP
+# all-to-all.
 DENSE = (
     dict(dp=4, zero=3),
     dict(tp=2, sp=True, dp=2, zero=1),
@@ -45,7 +46,7 @@ DENSE = (
     dict(tp=2, sp=True, cp=2),
     dict(dp=4, zero=0),
     dict(dp=2, tp=2, zero=1, recompute="full"),
-    dict(dp=2, tp=2, sp=True, rank_order="dp-tp-cp-ep-pp"),
+    dict(dp=2, cp=2, zero=3, rank_order="dp-tp-cp-ep-pp"),
     dict(tp=4, sp=True),  # 2 kv heads on 4 tp ranks
     dict(tp=2, cp=2, cp_kind="a2a", sp=True),
 )
@@ -81,8 +82,8 @@ UNEVEN_CHECKED = (0, 2)
 """The uneven chain's switches done through DCP too: the shrink to 2 ranks and the growth back to 4."""
 
 
-CHECKED = 4
-"""Switches per chain also done through a DCP checkpoint and compared bit for bit, 13 in all over the five chains
+CHECKED = 3
+"""Switches per chain also done through a DCP checkpoint and compared bit for bit, 11 in all over the five chains
 (the rest check the numbers only, to keep the suite's time)."""
 
 
