@@ -30,17 +30,17 @@ def test_run_trains_on_the_corpus_and_writes_metrics_and_a_trace(tmp_path):
     plan = tmp_path / "plan.toml"
     plan.write_text(PLAN.format(dp=2, tp=1))
     out = tmp_path / "out"
-    proc = _meshplan("run", "--plan", str(plan), "--steps", "25", "--data", "corpus", "--out", str(out),
+    proc = _meshplan("run", "--plan", str(plan), "--steps", "12", "--data", "corpus", "--out", str(out),
                      "--profile", "2")
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     steps, summary = rows[:-1], rows[-1]
-    assert [r["step"] for r in steps] == list(range(1, 26))
-    assert summary["summary"] and summary["steps"] == 25
+    assert [r["step"] for r in steps] == list(range(1, 13))
+    assert summary["summary"] and summary["steps"] == 12
     assert set(steps[0]) >= {"loss", "step_time_s", "tokens_per_s", "peak_memory_bytes"}
-    assert summary["final_loss"] < summary["first_loss"] - 1.5, "the loss must visibly fall"
+    assert summary["final_loss"] < summary["first_loss"] - 1.5, "the loss must visibly fall"  # 5.56 -> 3.23 here
     assert (out / "trace-step2-rank0.json").stat().st_size > 1000
-    assert len((out / "metrics.jsonl").read_text().splitlines()) == 26
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 13
 
 
 def test_plan_not_matching_the_world_is_rejected_before_launch(tmp_path):

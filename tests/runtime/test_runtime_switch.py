@@ -32,9 +32,9 @@ def _plan(global_batch: int = 4, **kw) -> Plan:
     return Plan(global_batch=global_batch, seq_len=32, precision="fp32", **kw)
 
 
-# Each layout switches to the next: FSDP, TP+SP, PP (2 and 4 stages, two schedules, an uneven split), CP, HSDP,
-# TP+CP, DDP, then TP with ZeRO-1 and full recompute, CP+FSDP in another rank order, kv heads replicated, CP
-# all-to-all.
+# Each layout switches to the next: FSDP, TP+SP, PP (2 and 4 stages, two schedules, an uneven split), CP, then TP
+# with ZeRO-1 and full recompute, CP+FSDP in another rank order, kv heads replicated, TP with CP all-to-all (HSDP
+# is in the uneven chain, DDP and CP ring with TP in test_runtime_layouts.py and the MoE chain).
 DENSE = (
     dict(dp=4, zero=3),
     dict(tp=2, sp=True, dp=2, zero=1),
@@ -42,9 +42,6 @@ DENSE = (
     dict(pp=4, schedule="gpipe"),
     dict(pp=2, dp=2, zero=1, layer_split=(1, 3), schedule="1f1b"),  # an uneven split, as the planner makes them
     dict(cp=2, dp=2, zero=3),
-    dict(dp=4, zero=3, dp_shard=2),
-    dict(tp=2, sp=True, cp=2),
-    dict(dp=4, zero=0),
     dict(dp=2, tp=2, zero=1, recompute="full"),
     dict(dp=2, cp=2, zero=3, rank_order="dp-tp-cp-ep-pp"),
     dict(tp=4, sp=True),  # 2 kv heads on 4 tp ranks

@@ -18,9 +18,9 @@ from meshplan.search.result import RankedPlan
 CSV = Path(__file__).resolve().parents[3] / "shared" / "validation" / "runs_visible.csv"
 
 
-SUITE_STRIDE = 5
-"""The suite checks every fifth run (a fifth of each source, ~25 s on 2 cores); benchmarks/bench_planner.py checks
-all 94."""
+SUITE_STRIDE = 8
+"""The suite checks every eighth run (12 runs across the sources, ~12 s on 2 cores); benchmarks/bench_planner.py
+checks all 94."""
 
 
 @pytest.mark.skipif(not CSV.is_file(), reason="validation set not present")
