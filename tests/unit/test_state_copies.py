@@ -75,3 +75,10 @@ def test_plan_prices_the_copies(capsys):
     assert main(args + ["--state-copies", "1"]) == 0
     kept = json.loads(capsys.readouterr().out)["plans"][0]
     assert kept["plan"]["state_copies"] == 1 and kept["peak_memory_bytes"] > plain["peak_memory_bytes"]
+
+
+def test_copies_on_a_single_node_are_refused_in_one_line(capsys):
+    assert main(["plan", "--model", "llama3-8b", "--gpus", "8xh100-sxm", "--global-batch", "8", "--seq-len", "4096",
+                 "--state-copies", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--state-copies" in err and "has 1" in err

@@ -64,6 +64,12 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
 
     model = resolve_model(model_ref)
     cluster = resolve_cluster(gpus or None, cluster_file or None)
+    domains = max(cluster.n_gpus // cluster.pools[0].network()[0].span, 1)
+    if request.state_copies >= domains:
+        from meshplan.errors import SpecError
+
+        raise SpecError("--state-copies", request.state_copies, f"needs {request.state_copies + 1} scale-up domains "
+                        f"(nodes) so that each copy lives off its shard's node; {cluster.describe()} has {domains}")
     if out:
         output_path("--out", out)
     if "*" in request.prices:
