@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.cost.state_layout import Geometry, StateTensor, boxes, common_table, overlap_area
+from meshplan.cost.state_layout import Geometry, StateTensor, boxes, common_table, overlap_area, split_limit
 
 NEG = -1e300
 
@@ -58,7 +58,7 @@ def kept_bytes(a: Geometry, a_rank: np.ndarray, b: Geometry, b_rank: np.ndarray,
         pairs.setdefault((ka.zero_stage, kb.zero_stage), [ka, kb, 0.0])[2] += kb.bytes
     splits: dict[tuple, list[StateTensor]] = {}
     for t in tensors:
-        splits.setdefault((t.tp_dim, t.expert, _limit(a, t), _limit(b, t)), []).append(t)
+        splits.setdefault((t.tp_dim, t.expert, split_limit(a, t), split_limit(b, t)), []).append(t)
     for alike in splits.values():
         t0 = alike[0]
         table = sum(common_table(a, b, t) * t.elems for t in alike)  # slots both hold x elements, per pp pair
@@ -66,13 +66,6 @@ def kept_bytes(a: Geometry, a_rank: np.ndarray, b: Geometry, b_rank: np.ndarray,
         for ka, kb, nbytes in pairs.values():
             out += common * overlap_area(boxes(a, t0, ka).take(ar), boxes(b, t0, kb).take(b_rank)) * nbytes
     return np.where(ok, out, 0.0)
-
-
-def _limit(g: Geometry, t: StateTensor) -> int:
-    """The tensor's shard limit where it binds under ``g`` (GQA's kv heads under tp > n_kv), else 0: tensors
-    that split alike have the same boxes (``state_layout._boxes``)."""
-    parts = g.plan.etp if t.expert else g.plan.tp
-    return t.tp_max if t.tp_max and parts > t.tp_max and parts % t.tp_max == 0 else 0
 
 
 def slot_orders(domain: int) -> list[tuple[int, ...]]:

@@ -292,11 +292,18 @@ def boxes(g: Geometry, t: StateTensor, kind: StateKind) -> Boxes:
     return g.memo[key]
 
 
+def split_limit(g: Geometry, t: StateTensor) -> int:
+    """The tensor's shard limit where it binds under ``g`` (GQA's kv heads under tp > n_kv), else 0: tensors
+    whose split dim, experts and binding limit agree have the same boxes."""
+    parts = g.plan.etp if t.expert else g.plan.tp
+    return t.tp_max if t.tp_max and parts > t.tp_max and parts % t.tp_max == 0 else 0
+
+
 def _boxes(g: Geometry, t: StateTensor, kind: StateKind) -> Boxes:
     plan, n = g.plan, g.n_ranks
     lo, hi = np.zeros((3, n)), np.ones((3, n))
     parts, idx = (plan.etp, g.etp) if t.expert else (plan.tp, g.tp)
-    if t.tp_max and parts > t.tp_max and parts % t.tp_max == 0:
+    if split_limit(g, t):
         parts, idx = t.tp_max, idx // (parts // t.tp_max)
     if t.expert:
         lo[0], hi[0] = g.ep / plan.ep, (g.ep + 1) / plan.ep

@@ -24,6 +24,7 @@ from meshplan.cost.state_layout import (
     overlap_area,
     slots_common,
     slots_held,
+    split_limit,
 )
 
 
@@ -217,18 +218,12 @@ class _Ctx:
     stages: np.ndarray = None
 
 
-def _limit(g: Geometry, t: StateTensor) -> int:
-    """The tensor's shard limit where it binds under ``g`` (``state_layout._boxes``), else 0."""
-    parts = g.plan.etp if t.expert else g.plan.tp
-    return t.tp_max if t.tp_max and parts > t.tp_max and parts % t.tp_max == 0 else 0
-
-
 def _alike(a: Geometry, b: Geometry, tensors: tuple[StateTensor, ...]) -> list[list[StateTensor]]:
     """Tensors with the same layer slots that split alike under both layouts: every per-rank fraction of theirs
     is the same, so they are summed once, weighted by their elements."""
     groups: dict[tuple, list[StateTensor]] = {}
     for t in tensors:
-        key = (t.slot_lo, t.slot_hi, t.tp_dim, t.expert, _limit(a, t), _limit(b, t))
+        key = (t.slot_lo, t.slot_hi, t.tp_dim, t.expert, split_limit(a, t), split_limit(b, t))
         groups.setdefault(key, []).append(t)
     return list(groups.values())
 
