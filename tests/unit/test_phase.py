@@ -78,6 +78,10 @@ def test_phase_cli_json(qwen_plan, capsys):
     (["--phase", "generate", "--lose", "1"], "same GPUs"),
     (["--phase", "generate", "--out", "x.toml"], "--out"),
     (["--phase", "generate", "--engine", "vlm"], "did you mean"),
+    (["--phase", "generate", "--min-gain", "0.1"], "--min-gain"),
+    (["--phase", "generate", "--prebuilt-groups"], "--prebuilt-groups"),
+    (["--rollouts", "64"], "only with --phase generate"),
+    (["--engine", "sglang"], "only with --phase generate"),
 ])
 def test_bad_phase_input_is_one_line(qwen_plan, capsys, args, field):
     assert main(["replan", "--from", str(qwen_plan), *args]) == 2

@@ -135,6 +135,12 @@ def register(app: typer.Typer) -> None:
         spec = resolve_model(model or None, refs.get("model"))
         cluster = resolve_cluster(old_gpus or None, None, refs.get("gpus") or refs.get("cluster"))
         stack = resolve_framework(plan.framework, file_settings=refs.get("framework"))
+        switch_only = {"--remaining-steps": remaining_steps != 1000, "--min-gain": min_gain != 0.03,
+                       "--storage-gbs": bool(storage_gbs), "--prebuilt-groups": prebuilt_groups,
+                       "--max-memory-fraction": max_memory_fraction != 0.8}
+        phase_only = {"--engine": engine != "vllm", "--input-len": input_len != 1024,
+                      "--output-len": output_len != 1024, "--rollouts": bool(rollouts)}
+        _pinned_elsewhere(phase, switch_only if phase else phase_only)
         if phase:
             _check_phase(phase, out=out, changed=bool(lose or lose_ranks or add or gpus or seq_len or global_batch
                                                       or slow_gpu or slow_link))
@@ -159,6 +165,17 @@ def register(app: typer.Typer) -> None:
         _emit(result, spec, cluster, as_json=as_json, out=out, refs=refs, stack=stack)
         if not result.options:
             raise typer.Exit(NOTHING_FITS_EXIT)
+
+
+def _pinned_elsewhere(phase: str, given: dict[str, bool]) -> None:
+    """Refuse a flag the chosen mode does not read, so nothing the user gave is silently ignored."""
+    from meshplan.errors import SpecError
+
+    flag = next((f for f, on in given.items() if on), None)
+    if flag:
+        raise SpecError(flag, "given", "applies only with --phase generate" if not phase else
+                        "prices a cluster change's switch; --phase generate does not read it (the refit's "
+                        "communicators persist)")
 
 
 def _check_phase(phase: str, *, out: str, changed: bool) -> None:
