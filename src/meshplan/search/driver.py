@@ -43,7 +43,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, request: SearchRequest, *, ca
     done, seen = 0, set()
     while heap:
         lb, _, vi, g, cap, plan = heappop(heap)
-        if not request.exhaustive and lb >= ev.front.best_key():
+        if not request.exhaustive and lb >= ev.front.bound_key(request.top):
             ev.tally.pruned["bound"] += (1 if plan is not None else len(g.pipelines)) + \
                 sum(1 if it[5] is not None else len(it[3].pipelines) for it in heap)
             break

@@ -30,9 +30,10 @@ class Front:
     keys: list[float] = field(default_factory=list)
     """Their objectives, sorted."""
 
-    def best_key(self) -> float:
-        """Objective of the best fitting plan so far (inf until there is one)."""
-        return self.keys[0] if self.keys else math.inf
+    def bound_key(self, top: int) -> float:
+        """Objective of the ``top``-th best fitting plan so far (inf until there are that many): a candidate
+        whose bound is no better cannot enter the ranked table."""
+        return self.keys[top - 1] if len(self.keys) >= top else math.inf
 
     def add(self, space: SearchSpace, rp: RankedPlan) -> None:
         """Record a fitting plan."""
@@ -110,7 +111,8 @@ def ladder(ev: Evaluation, variant: ClusterSpec, plan: Plan) -> None:
     if fits(space, base):
         ev.front.add(space, base)
         return
-    if not space.request.exhaustive and space.key(variant, base.estimate.step_time, base.plan) >= ev.front.best_key():
+    if not space.request.exhaustive and space.key(variant, base.estimate.step_time, base.plan) >= \
+            ev.front.bound_key(space.request.top):
         ev.tally.pruned["bound (recompute only adds time)"] += 1
         return
     pin = space.request.pins.get("recompute")
