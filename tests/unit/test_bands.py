@@ -24,10 +24,16 @@ def _res(kind: str, gen: str, n: int, errors: list[float], prefix: str = "s") ->
     return [Residual(id=f"{prefix}{i}-x", kind=kind, generation=gen, n_gpus=n, error=e) for i, e in enumerate(errors)]
 
 
-def test_quantile_interpolates_like_numpy():
+def test_quantile_is_numpys_weibull_plotting_position():
+    import numpy as np
+
     assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
-    assert quantile([0.0, 10.0], 0.1) == pytest.approx(1.0)
+    # (n + 1) q = 0.3 < 1: the smallest; a band over 2 runs spans both.
+    assert quantile([0.0, 10.0], 0.1) == 0.0 and quantile([0.0, 10.0], 0.9) == 10.0
     assert quantile([5.0], 0.9) == 5.0
+    xs = [0.3, -0.1, 0.05, 0.2, -0.02, 0.11, 0.07, -0.3, 0.0, 0.15, 0.4]
+    for q in (0.05, 0.1, 0.25, 0.5, 0.9, 0.95):
+        assert quantile(xs, q) == pytest.approx(float(np.quantile(xs, q, method="weibull")))
 
 
 def test_a_band_reads_its_most_specific_group_with_enough_runs():

@@ -243,6 +243,12 @@ def test_optimizer_precision_is_exported_or_flagged():
     assert "--use-precision-aware-optimizer" not in dict(megatron_args(catalog.model("llama3-8b"),
                                                                        Plan(global_batch=64, seq_len=4096),
                                                                        MEGATRON)[0])
+    # bf16 gradient buffers alone (the performance recipes' grad_reduce_in_fp32 = False) are Megatron-LM's
+    # --grad-reduce-in-bf16, as its Llama examples pass it, with no precision-aware optimizer; fp8 weights are
+    # --fp8-param-gather.
+    d = dict(megatron_args(catalog.model("llama3-8b"), plan.with_(precision="fp8"),
+                           MEGATRON.with_(grad_dtype="bf16", fp8_params=True))[0])
+    assert "--grad-reduce-in-bf16" in d and "--fp8-param-gather" in d and "--use-precision-aware-optimizer" not in d
 
 
 # ---------------------------------------------------------------- torchtitan

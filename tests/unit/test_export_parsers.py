@@ -70,7 +70,7 @@ MEGATRON_OPTIONS = {
     "--moe-router-num-groups", "--moe-router-group-topk", "--moe-router-load-balancing-type", "--moe-aux-loss-coeff",
     "--mtp-num-layers", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
     "--use-precision-aware-optimizer", "--main-grads-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype",
-    "--recompute-modules",
+    "--recompute-modules", "--grad-reduce-in-bf16", "--fp8-param-gather",
 }
 MEGATRON_CHOICES = {"--position-embedding-type": {"learned_absolute", "rope", "mrope", "relative", "none"},
                     "--normalization": {"LayerNorm", "RMSNorm"}, "--recompute-granularity": {"full", "selective"},

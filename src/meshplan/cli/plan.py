@@ -110,9 +110,10 @@ def register(app: typer.Typer) -> None:
         global_batch: int = typer.Option(..., "--global-batch", help="Sequences per optimizer step."),
         seq_len: int = typer.Option(..., "--seq-len", help="Tokens per sequence."),
         precision: str = typer.Option("bf16", "--precision", help="bf16, fp16, fp32 or fp8."),
-        max_memory_fraction: float = typer.Option(
-            0.8, "--max-memory-fraction",
-            help="Largest predicted peak as a share of device memory (no OOM under 80 % in 454 published runs)."),
+        max_memory_fraction: Optional[float] = typer.Option(
+            None, "--max-memory-fraction",
+            help="Largest predicted peak as a share of device memory (default: the stack's limit, the largest "
+                 "predicted peak of its published runs, at least 80 %)."),
         price: str = typer.Option("", "--price", help="Price per GPU-hour: NUMBER or GPU=NUMBER,...; "
                                                       "switches the objective to tokens per dollar."),
         top: int = typer.Option(5, "--top", help="Plans in the table."),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -108,8 +109,9 @@ def register(app: typer.Typer) -> None:
                                           "cluster in GB/s (default: Llama 3's 0.122 GB/s per GPU)."),
         prebuilt_groups: bool = typer.Option(False, "--prebuilt-groups", help="The new layout's communicators "
                                              "exist already (no set-up on the switch's path)."),
-        max_memory_fraction: float = typer.Option(0.8, "--max-memory-fraction", help="Largest predicted peak as a "
-                                                  "share of device memory."),
+        max_memory_fraction: Optional[float] = typer.Option(None, "--max-memory-fraction", help="Largest predicted "
+                                                            "peak as a share of device memory (default: the "
+                                                            "stack's limit from its published runs)."),
         phase: str = typer.Option("", "--phase", help="generate: the RL generation layout for these GPUs (serving "
                                   "planner) and the weights-only refit into it, instead of a cluster change."),
         engine: str = typer.Option("vllm", "--engine", help="--phase generate: the serving engine profile."),
@@ -137,7 +139,7 @@ def register(app: typer.Typer) -> None:
         stack = resolve_framework(plan.framework, file_settings=refs.get("framework"))
         switch_only = {"--remaining-steps": remaining_steps != 1000, "--min-gain": min_gain != 0.03,
                        "--storage-gbs": bool(storage_gbs), "--prebuilt-groups": prebuilt_groups,
-                       "--max-memory-fraction": max_memory_fraction != 0.8}
+                       "--max-memory-fraction": max_memory_fraction is not None}
         phase_only = {"--engine": engine != "vllm", "--input-len": input_len != 1024,
                       "--output-len": output_len != 1024, "--rollouts": bool(rollouts)}
         _pinned_elsewhere(phase, switch_only if phase else phase_only)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from meshplan.cost.memory_stack import deepspeed_zero3_bytes, fp8_saved_delta, fp8_weight_bytes, fp8_workspace_bytes
 from meshplan.cost.result import MemoryBreakdown
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import LayerSpec, ModelSpec
@@ -62,13 +63,15 @@ def bytes_per_param(plan: Plan, stack: FrameworkProfile) -> tuple[float, float, 
     momentum, variance). Megatron-LM accumulates and reduces bf16 gradients in fp32 (4 bytes) unless
     the stack's ``grad_dtype`` is bf16; its precision-aware optimizer keeps the moments in bf16
     (``optimizer_dtype``: 2 + 2 instead of 4 + 4). FSDP2 (zero 3) keeps fp32 sharded parameters as the master
-    copy, so weights 4 and optimizer the moments only.
+    copy, so weights 4 and optimizer the moments only; DeepSpeed's ZeRO-3 keeps the paper's 16-bit partition
+    and fp32 master. A stack that keeps fp8 weights (``fp8_params``) holds 1 byte per weight.
     """
     moments = 4.0 if stack.optimizer_dtype == "bf16" else 8.0
     grads = 2.0 if stack.grad_dtype == "bf16" else 4.0
-    if plan.precision == "fp32" or plan.zero == 3:
+    if plan.precision == "fp32" or (plan.zero == 3 and stack.sharding != "deepspeed_zero"):
         return 4.0, grads, moments
-    return 2.0, 2.0 if plan.precision == "fp16" else grads, 4.0 + moments
+    weights = fp8_weight_bytes(plan, stack) or 2.0
+    return weights, 2.0 if plan.precision == "fp16" else grads, 4.0 + moments
 
 
 def act_bytes_per_token(layer: LayerSpec, plan: Plan, stack: FrameworkProfile, *, recompute: str) -> float:
@@ -96,7 +99,8 @@ def act_bytes_per_token(layer: LayerSpec, plan: Plan, stack: FrameworkProfile, *
     att = layer.attention
     if att is not None:
         up_proj = recompute == "selective" and stack.selective_policy == "mla_up_proj" and att.kind == "mla"
-        q_k_v = (att.n_heads * (att.qk_dim + att.v_dim) + att.n_kv_heads * att.qk_dim) if att.kind == "gqa" \
+        # Fused attention takes grouped keys and values as they are (flash-attention 2, cuDNN: GQA without repeat).
+        q_k_v = (att.n_heads * att.qk_dim + att.n_kv_heads * (att.qk_dim + att.v_dim)) if att.kind == "gqa" \
             else att.n_heads * (2 * att.qk_dim + att.v_dim) * (not up_proj) + att.kv_lora_rank + att.q_lora_rank
         total += 4.0 * h / h_div + 2.0 * q_k_v / tp + 2.0 * att.n_heads * att.v_dim / tp
         # mla_up_proj frees the up-projected q, k and v once the attention core has run and recomputes them for
@@ -125,7 +129,7 @@ def act_bytes_per_token(layer: LayerSpec, plan: Plan, stack: FrameworkProfile, *
         total += 2.0 * mats_up * f + 2.0 * f
     if stack.eager_dtensor:
         total += eager_extra_bytes(layer, plan)
-    return total
+    return total + fp8_saved_delta(layer, plan, stack)
 
 
 def eager_extra_bytes(layer: LayerSpec, plan: Plan) -> float:
@@ -139,7 +143,7 @@ def eager_extra_bytes(layer: LayerSpec, plan: Plan) -> float:
         # Megatron's SP keeps the shard and gathers again in backward: the QKV and FC1 inputs, 2h each.
         extra += 2 * 2.0 * layer.hidden * (1 - 1 / tp)
     if att is not None and att.kind == "gqa":
-        extra += 2.0 * (att.n_heads - att.n_kv_heads) * att.qk_dim / tp + 8.0 * att.qk_dim
+        extra += 2.0 * (att.n_heads - att.n_kv_heads) * (att.qk_dim + att.v_dim) / tp + 8.0 * att.qk_dim
     if layer.gated and layer.moe is None:
         extra += 2.0 * layer.ffn_hidden / tp
     if layer.moe is not None:
@@ -243,8 +247,9 @@ def holds_unsharded(plan: Plan) -> bool:
 
 def frees_grads(plan: Plan, stack: FrameworkProfile) -> bool:
     """FSDP2 frees gradients between steps (zero_grad to None): ZeRO-3, and every ZeRO level of a stack whose
-    sharding is FSDP2; Megatron's distributed optimizer keeps its gradient buffers."""
-    return plan.zero == 3 or stack.sharding == "fsdp2"
+    sharding is FSDP2; Megatron's distributed optimizer keeps its gradient buffers, and DeepSpeed its gradient
+    partition (stage3.py ``grads_in_partition``, allocated once)."""
+    return (plan.zero == 3 and stack.sharding != "deepspeed_zero") or stack.sharding == "fsdp2"
 
 
 def accumulates_unsharded(plan: Plan, stack: FrameworkProfile) -> bool:
@@ -286,9 +291,9 @@ def rank_memory(model: ModelSpec, plan: Plan, stack: FrameworkProfile, load: Ran
         # None exist at the loss backward; during the layers' backward they only matter if they outgrow the
         # activations they replace.
         late, grads = max(grads - load.act, 0.0), 0.0
-    params += saved_expert_copies(plan, stack, load)
+    params += saved_expert_copies(plan, stack, load) + fp8_weight_extra(plan, stack, load, generation)
     grads += embedding_grad_bytes(model, plan, stack) if load.first else 0.0
-    units = 0.0 if held else fsdp_unit_bytes(plan, load)
+    units = 0.0 if held else zero3_buffers(model, plan, stack, load)
     logits = logits_bytes(model, plan, stack) if load.last else 0.0
     if logits < load.recompute + units + late:
         grads, buffers = grads + late, units
@@ -329,6 +334,26 @@ def largest_unit(model: ModelSpec, plan: Plan, stack: FrameworkProfile, load: Ra
     embedding gradient is whole over tp in eager DTensor (``embedding_grad_bytes``) (count)."""
     layer = (load.dense + load.expert - load.root) / max(load.n_units, 1)
     return max(layer, load.root + (embedding_grad_bytes(model, plan, stack) / 4.0 if load.first else 0.0))
+
+
+def fp8_weight_extra(plan: Plan, stack: FrameworkProfile, load: RankLoad, generation: str) -> float:
+    """Weight bytes beyond ``bytes_per_param`` under TE fp8: the workspaces of the layers' weights
+    (``memory_stack.fp8_workspace_bytes``), and the embedding and output head, which stay 16-bit when the layers'
+    weights are fp8 (fp8_model_init reaches only TE modules)."""
+    layers = max(load.dense + load.expert - load.root, 0.0)
+    extra = layers * fp8_workspace_bytes(plan, stack, generation)
+    w8 = fp8_weight_bytes(plan, stack)
+    return extra + (load.root * (2.0 - w8) if w8 is not None else 0.0)
+
+
+def zero3_buffers(model: ModelSpec, plan: Plan, stack: FrameworkProfile, load: RankLoad) -> float:
+    """ZeRO-3's transient parameter and gradient buffers during a layer's backward: DeepSpeed's per sub-module
+    gathers and reduce buckets (``memory_stack.deepspeed_zero3_bytes``), or FSDP's whole units."""
+    if plan.zero != 3 or not load.n_units:
+        return 0.0
+    if stack.sharding == "deepspeed_zero":
+        return deepspeed_zero3_bytes(model, plan, unit=max(load.dense + load.expert - load.root, 0.0) / load.n_units)
+    return fsdp_unit_bytes(plan, load)
 
 
 def fsdp_unit_bytes(plan: Plan, load: RankLoad) -> float:

@@ -111,25 +111,29 @@ def _batch_and_memory_args(plan: Plan, stack: FrameworkProfile) -> tuple[Args, l
 
 
 def _optimizer_args(plan: Plan, stack: FrameworkProfile) -> tuple[Args, list[str]]:
-    """Megatron-LM's precision-aware optimizer for 16-bit gradients or Adam moments, and what it cannot say."""
+    """16-bit gradient buffers (``--grad-reduce-in-bf16``, as Megatron-LM's Llama examples pass it) and
+    Megatron-LM's precision-aware optimizer for 16-bit Adam moments (its main gradients then bf16 too), and what
+    they cannot say."""
     args: Args = []
     notes = [] if stack.fused_optimizer else [
         "fused_optimizer=false: Megatron-LM's Adam is always multi-tensor (TE/apex FusedAdam)"]
-    if stack.grad_dtype == "bf16" or stack.optimizer_dtype == "bf16":
+    if stack.grad_dtype == "bf16" and plan.precision != "fp16":
+        args.append(("--grad-reduce-in-bf16", None))
+    if stack.optimizer_dtype == "bf16":
         args.append(("--use-precision-aware-optimizer", None))
         if stack.grad_dtype == "bf16":
             args.append(("--main-grads-dtype", "bf16"))
-        if stack.optimizer_dtype == "bf16":
-            args += [("--exp-avg-dtype", "bf16"), ("--exp-avg-sq-dtype", "bf16")]
+        args += [("--exp-avg-dtype", "bf16"), ("--exp-avg-sq-dtype", "bf16")]
         if plan.zero == 0:
-            notes.append("16-bit gradients or moments: Megatron-LM's precision-aware optimizer needs the "
-                         "distributed optimizer (zero >= 1)")
+            notes.append("16-bit Adam moments: Megatron-LM's precision-aware optimizer needs the distributed "
+                         "optimizer (zero >= 1)")
     return args, notes
 
 
-def _precision_args(plan: Plan) -> Args:
+def _precision_args(plan: Plan, stack: FrameworkProfile) -> Args:
     if plan.precision == "fp8":
-        return [("--bf16", None), ("--fp8-format", "hybrid")]
+        gather = [("--fp8-param-gather", None)] if stack.fp8_params and plan.zero < 3 else []
+        return [("--bf16", None), ("--fp8-format", "hybrid")] + gather
     return {"bf16": [("--bf16", None)], "fp16": [("--fp16", None)], "fp32": []}[plan.precision]
 
 
@@ -140,7 +144,7 @@ def megatron_args(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> tupl
     pipe, n3 = _pipeline_args(model, plan)
     mem, n4 = _batch_and_memory_args(plan, stack)
     opt, n5 = _optimizer_args(plan, stack)
-    args = shape + par + pipe + mem + opt + _precision_args(plan)
+    args = shape + par + pipe + mem + opt + _precision_args(plan, stack)
     return args, tuple(n1 + n2 + n3 + n4 + n5)
 
 

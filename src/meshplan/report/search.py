@@ -191,7 +191,7 @@ def render_text(result: SearchResult, width: int = 80) -> str:
     req = result.request
     con.print(f"{result.model.name} on {result.cluster.describe()}: batch {req.global_batch} x {req.seq_len} "
               f"tokens, {req.precision}, {req.framework.name}, memory limit {100 * req.max_memory_fraction:.0f} % "
-              "of each GPU")
+              f"of each GPU ({req.memory_limit_why})")
     for note in request_notes(result):
         con.print(f"note: {note}")
     if result.infeasible is not None:

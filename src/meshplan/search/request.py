@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan import catalog
+from meshplan.cost.memory_limits import stack_limit
 from meshplan.errors import SpecError
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.plan import DEFAULT_FRAMEWORK, PRECISIONS
@@ -12,9 +13,6 @@ from meshplan.spec.plan import DEFAULT_FRAMEWORK, PRECISIONS
 OBJECTIVES = ("time", "cost", "robust")
 PIN_FIELDS = ("tp", "sp", "cp", "cp_kind", "pp", "vpp", "schedule", "dp", "zero", "dp_shard", "ep", "etp",
               "micro_batch", "recompute", "recompute_layers", "rank_order")
-DEFAULT_MEMORY_FRACTION = 0.8
-"""No out-of-memory was observed in a study of 454 published runs while the estimate stayed under 80 % of device
-memory; the default limit keeps that margin for allocator fragmentation the model does not see."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,8 +27,11 @@ class SearchRequest:
     """Compute precision (``bf16``, ``fp16``, ``fp32``, ``fp8``)."""
     framework: FrameworkProfile = field(default_factory=lambda: catalog.framework(DEFAULT_FRAMEWORK))
     """The software stack every plan runs under (its behaviour, and the layouts it can run at all)."""
-    max_memory_fraction: float = DEFAULT_MEMORY_FRACTION
-    """Largest predicted peak per GPU as a share of its device memory (may exceed 1 to reproduce a layout)."""
+    max_memory_fraction: float | None = None
+    """Largest predicted peak per GPU as a share of its device memory (may exceed 1 to reproduce a layout);
+    None: the stack's limit from its published runs (``cost.memory_limits``), set here on construction."""
+    memory_limit_why: str = ""
+    """Where the memory limit comes from (set on construction)."""
     objective: str = "time"
     """``time`` (step time), ``cost`` (tokens per dollar; needs prices) or ``robust`` (the slow end of each
     plan's 80 % error band, ``cost.bands``: a layout the model has rarely been tested on must win by more)."""
@@ -68,7 +69,13 @@ class SearchRequest:
             raise SpecError("request.precision", self.precision, f"must be one of {', '.join(PRECISIONS)}")
         if not isinstance(self.framework, FrameworkProfile):
             raise SpecError("request.framework", self.framework, "must be a FrameworkProfile (catalog.framework)")
-        if not 0 < self.max_memory_fraction <= 4:
+        if self.max_memory_fraction is None:
+            lim = stack_limit(self.framework.name)
+            object.__setattr__(self, "max_memory_fraction", lim.fraction)
+            object.__setattr__(self, "memory_limit_why", lim.why)
+        elif not self.memory_limit_why:
+            object.__setattr__(self, "memory_limit_why", "pinned")
+        if not isinstance(self.max_memory_fraction, (int, float)) or not 0 < self.max_memory_fraction <= 4:
             raise SpecError("request.max_memory_fraction", self.max_memory_fraction, "must be in (0, 4]")
         if self.objective not in OBJECTIVES:
             raise SpecError("request.objective", self.objective, f"must be one of {', '.join(OBJECTIVES)}")

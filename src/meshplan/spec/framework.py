@@ -19,13 +19,14 @@ ZERO_GATHERS = ("unit", "param")
 SELECTIVE_POLICIES = ("attention", "op", "mla_up_proj")
 STATE_DTYPES = ("fp32", "bf16")
 MICRO_BATCH_DEFAULTS = ("one", "pp_stages")
+FP8_LINEARS = ("te", "torchao", "none")
 RECOMPUTE_MODES = ("none", "selective", "full")
 CP_KINDS = ("ring", "a2a")
 
 BEHAVIOUR_FIELDS = ("kernel_library", "fused_kernels", "eager_dtensor", "flash_attention", "sharding", "zero_gather",
                     "overlap_grad_reduce", "overlap_param_gather", "accumulate_unsharded_grads", "tp_comm_overlap",
                     "tp_comm_overlap_supported", "selective_policy", "fused_optimizer", "grad_dtype",
-                    "optimizer_dtype", "default_micro_batch", "shards_experts")
+                    "optimizer_dtype", "default_micro_batch", "shards_experts", "fp8_linear", "fp8_params")
 """The fields that change a prediction (a recipe or a CLI flag may override them); the rest describe the preset."""
 CAPABILITY_FIELDS = ("tensor_parallel", "context_parallel", "expert_parallel", "schedules", "max_zero_with_pp",
                      "recompute_modes")
@@ -101,6 +102,14 @@ class FrameworkProfile:
     optimizer_dtype: str = "fp32"
     """Adam's two moments: ``fp32``, or ``bf16`` (Megatron's precision-aware optimizer). Master weights stay
     fp32."""
+    fp8_linear: str = "none"
+    """What runs an fp8 plan's linear layers: ``te`` (Transformer Engine: inputs saved for the weight gradient in
+    fp8, a separate fp8 copy of the attention output, an fp8 weight workspace beside 16-bit weights, transposed on
+    Hopper), ``torchao`` (Float8Linear: 16-bit inputs saved, weights cast at each use) or ``none`` (no fp8
+    path; memory as in 16 bits)."""
+    fp8_params: bool = False
+    """fp8 plans keep the model's weights in fp8 and all-gather them in fp8 (Megatron ``--fp8-param-gather``,
+    TE ``fp8_model_init``; the fp32 master stays in the distributed optimizer)."""
     default_micro_batch: str = "one"
     """Micro-batch size when a recipe does not say: ``one`` (Megatron: micro-batch 1) or ``pp_stages`` (as many
     micro-batches as pipeline stages, torchtitan's ``pipeline_parallel_microbatches`` default)."""
@@ -125,12 +134,12 @@ class FrameworkProfile:
         for name, opts in (("kernel_library", KERNEL_LIBRARIES), ("sharding", SHARDINGS),
                            ("zero_gather", ZERO_GATHERS), ("selective_policy", SELECTIVE_POLICIES),
                            ("grad_dtype", STATE_DTYPES), ("optimizer_dtype", STATE_DTYPES),
-                           ("default_micro_batch", MICRO_BATCH_DEFAULTS)):
+                           ("default_micro_batch", MICRO_BATCH_DEFAULTS), ("fp8_linear", FP8_LINEARS)):
             if getattr(self, name) not in opts:
                 raise SpecError(f"framework.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
         for name in ("fused_kernels", "eager_dtensor", "flash_attention", "overlap_grad_reduce",
                      "overlap_param_gather", "accumulate_unsharded_grads", "tp_comm_overlap",
-                     "tp_comm_overlap_supported", "fused_optimizer", "shards_experts"):
+                     "tp_comm_overlap_supported", "fused_optimizer", "shards_experts", "fp8_params"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"framework.{name}", getattr(self, name), "must be true or false")
         for name, opts in (("context_parallel", CP_KINDS), ("recompute_modes", RECOMPUTE_MODES)):

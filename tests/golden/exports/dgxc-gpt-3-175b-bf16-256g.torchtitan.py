@@ -4,9 +4,10 @@
 # target: torchtitan 0.3.0 (torchtitan/config/configs.py config registry)
 # model: gpt3-175b (96 layers); gpus: 256xh100-sxm
 # plan: global_batch=512, seq_len=2048, tp=4, sp=True, pp=8, vpp=12, dp=8, zero=1, framework=nemo
-# APPROXIMATE: torchtitan cannot express 2 part(s) of the plan:
+# APPROXIMATE: torchtitan cannot express 3 part(s) of the plan:
 #   - model gpt3-175b: torchtitan ships no flavor with 96 layers x 12288 (gpt); the config names flavor 'gpt3-175b' of 'llama3', which you must register
 #   - ZeRO-1: torchtitan shards with FSDP2 only; exported as FSDP without resharding after forward (gradients are sharded too, as in ZeRO-2)
+#   - grad_dtype=bf16, optimizer_dtype=fp32: torchtitan reduces gradients and keeps AdamW states in fp32; exported as fp32
 # run: torchrun ... -m torchtitan.train --module THIS_MODULE --config meshplan_config
 
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig

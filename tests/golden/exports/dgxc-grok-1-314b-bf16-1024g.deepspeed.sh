@@ -27,6 +27,9 @@ cat > "$DS_CONFIG" <<'JSON'
     "overlap_comm": true,
     "contiguous_gradients": true,
     "reduce_scatter": true
+  },
+  "data_types": {
+    "grad_accum_dtype": "bf16"
   }
 }
 JSON

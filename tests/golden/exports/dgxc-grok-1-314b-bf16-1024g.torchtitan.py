@@ -4,9 +4,10 @@
 # target: torchtitan 0.3.0 (torchtitan/config/configs.py config registry)
 # model: grok-1-314b (64 layers); gpus: 1024xh100-sxm
 # plan: global_batch=2048, seq_len=8192, tp=4, sp=True, cp=2, pp=8, vpp=8, dp=16, zero=1, ep=8, framework=nemo
-# APPROXIMATE: torchtitan cannot express 2 part(s) of the plan:
+# APPROXIMATE: torchtitan cannot express 3 part(s) of the plan:
 #   - model grok-1-314b: torchtitan ships no flavor with 64 layers x 6144 (mixtral); the config names flavor 'grok-1-314b' of 'deepseek_v3', which you must register
 #   - ZeRO-1: torchtitan shards with FSDP2 only; exported as FSDP without resharding after forward (gradients are sharded too, as in ZeRO-2)
+#   - grad_dtype=bf16, optimizer_dtype=fp32: torchtitan reduces gradients and keeps AdamW states in fp32; exported as fp32
 # run: torchrun ... -m torchtitan.train --module THIS_MODULE --config meshplan_config
 
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig

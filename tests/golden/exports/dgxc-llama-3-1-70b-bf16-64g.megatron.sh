@@ -40,5 +40,6 @@ MEGATRON_ARGS=(
     --use-distributed-optimizer
     --overlap-grad-reduce
     --overlap-param-gather
+    --grad-reduce-in-bf16
     --bf16
 )

@@ -4,8 +4,9 @@
 # target: torchtitan 0.3.0 (torchtitan/config/configs.py config registry)
 # model: llama3.1-70b (80 layers); gpus: 64xh100-sxm
 # plan: global_batch=128, seq_len=8192, tp=4, sp=True, cp=2, pp=4, vpp=5, dp=2, zero=1, framework=nemo
-# APPROXIMATE: torchtitan cannot express 1 part(s) of the plan:
+# APPROXIMATE: torchtitan cannot express 2 part(s) of the plan:
 #   - ZeRO-1: torchtitan shards with FSDP2 only; exported as FSDP without resharding after forward (gradients are sharded too, as in ZeRO-2)
+#   - grad_dtype=bf16, optimizer_dtype=fp32: torchtitan reduces gradients and keeps AdamW states in fp32; exported as fp32
 # run: torchrun ... -m torchtitan.train --module THIS_MODULE --config meshplan_config
 
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig

@@ -61,10 +61,12 @@ MEGATRON_ARGS=(
     --use-distributed-optimizer
     --overlap-grad-reduce
     --overlap-param-gather
+    --grad-reduce-in-bf16
     --use-precision-aware-optimizer
     --main-grads-dtype bf16
     --exp-avg-dtype bf16
     --exp-avg-sq-dtype bf16
     --bf16
     --fp8-format hybrid
+    --fp8-param-gather
 )
