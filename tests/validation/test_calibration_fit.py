@@ -42,6 +42,19 @@ def test_library_sub_table_sits_between_generation_and_part():
     assert (part.gemm_eff, part.attn_eff) == (0.6, 0.25)
 
 
+def test_flash_attention_2_on_hopper_scales_the_cudnn_attention_constant():
+    # Shah et al. 2024 (FlashAttention-3) Fig. 5-6, H100 SXM5, head dim 128, 16k: FA2 370/595 of cuDNN forward,
+    # 322/516 backward; torch SDPA's flash backend is FA2. Not on Ampere, not when measured on the device.
+    table = {"hopper": {"attn_eff": 0.4}, "ampere": {"attn_eff": 0.5}}
+    fa2 = calibration_for("h100-sxm", "hopper", table, library="pytorch").attn_eff
+    assert fa2 == pytest.approx(0.4 * 0.62) and 0.62 == pytest.approx(370 / 595, abs=0.005) \
+        == pytest.approx(322 / 516, abs=0.005)
+    assert calibration_for("h100-sxm", "hopper", table, library="nvidia").attn_eff == 0.4
+    assert calibration_for("a100-80gb", "ampere", table, library="pytorch").attn_eff == 0.5
+    measured = calibration_for("h100-sxm", "hopper", table, (("attn_eff", 0.3),), library="pytorch")
+    assert measured.attn_eff == 0.3
+
+
 def test_shipped_constants_are_the_fit_of_the_visible_runs(runs):
     # constants.toml is written by scripts/fit_calibration.py, never by hand: refitting reproduces it.
     shipped = tomllib.loads(resources.files("meshplan.calibrate").joinpath("constants.toml").read_text())

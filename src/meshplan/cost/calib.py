@@ -21,6 +21,21 @@ GENERATION_DEFAULTS = {"cpu": {"host_op_s": 0.0}}
 
 FITTED_FIELDS = ("gemm_eff", "fp8_eff", "attn_eff", "moe_eff")
 
+FA2_OVER_CUDNN = {"hopper": 0.62}
+"""Attention throughput of FlashAttention-2 (torch SDPA's flash backend, the flash-attn package: what the
+``pytorch`` kernel library runs) against cuDNN's fused attention (Transformer Engine, the ``nvidia`` library the
+generation's constants are fitted on): 370 vs 595 TFLOP/s forward and 322 vs 516 backward at head dim 128 and 16k
+tokens on H100 SXM5 (Shah et al. 2024, FlashAttention-3, Fig. 5-6: FA2 uses none of Hopper's wgmma and TMA). On
+Ampere FA2 is the fastest kernel there is; Blackwell has no published comparison, so no factor."""
+
+
+_ATTN_DEFAULT = next(f.default for f in fields(Calibration) if f.name == "attn_eff")
+
+
+def attention_factor(library: str, generation: str) -> float:
+    """What the kernel library's attention reaches relative to the fitted (cuDNN) attention efficiency."""
+    return FA2_OVER_CUDNN.get(generation, 1.0) if library == "pytorch" else 1.0
+
 
 @lru_cache(maxsize=1)
 def _fitted() -> dict[str, dict[str, float]]:
@@ -37,13 +52,18 @@ def calibration_for(gpu_name: str, generation: str, table: dict[str, dict[str, f
     overridden by the fitted table's ``default`` section, then its generation's section, then that section's
     sub-table for the stack's kernel library (``[hopper.pytorch]``: the constants where ATen and torch SDPA reach
     other efficiencies than NVIDIA's kernels), then a section for this GPU model (a distinct part), then constants
-    measured on the device itself (``meshplan calibrate``)."""
+    measured on the device itself (``meshplan calibrate``). The table's attention efficiency is cuDNN's; a library
+    with a slower attention kernel scales it (``attention_factor``)."""
     table = _fitted() if table is None else table
     gen = table.get(generation, {})
     lib = gen.get(library, {}) if library else {}
     values = {**GENERATION_DEFAULTS.get(generation, {}), **table.get("default", {}),
               **{k: v for k, v in gen.items() if not isinstance(v, dict)}, **(lib if isinstance(lib, dict) else {}),
-              **table.get(gpu_name, {}), **dict(measured)}
+              **table.get(gpu_name, {})}
+    factor = 1.0 if isinstance(lib, dict) and "attn_eff" in lib else attention_factor(library, generation)
+    if factor != 1.0:  # a fitted library sub-table, or constants measured on the device, ran the kernel itself
+        values["attn_eff"] = values.get("attn_eff", _ATTN_DEFAULT) * factor
+    values.update(dict(measured))
     known = {f.name for f in fields(Calibration)}
     bad = set(values) - known
     if bad:
