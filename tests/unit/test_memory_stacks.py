@@ -127,3 +127,15 @@ def test_shipped_file_has_one_row_per_run():
     with resources.files("meshplan.calibrate").joinpath("memory_limits.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert len({r["id"] for r in rows}) == len(rows)
+
+
+def test_plan_json_says_where_the_memory_limit_comes_from():
+    import json
+
+    from meshplan.report.search import result_json
+    from meshplan.search import search
+
+    res = search(catalog.model("tiny-llama"), catalog.cluster("8xh100-sxm"),
+                 SearchRequest(global_batch=8, seq_len=256, framework=NEMO, top=1))
+    doc = json.loads(json.dumps(result_json(res)))
+    assert doc["memory_limit"] == {"fraction": stack_limit("nemo").fraction, "why": stack_limit("nemo").why}

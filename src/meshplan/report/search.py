@@ -47,7 +47,8 @@ def result_json(result: SearchResult) -> dict:
     out = {"plans": [plan_row(rp, result.model) for rp in result.plans], "considered": result.considered,
            "pruned": dict(sorted(result.pruned.items())), "evaluated": result.evaluated,
            "search_time_s": result.search_time_s, "pareto": [plan_row(rp, result.model) for rp in front(result)],
-           "framework": result.request.framework.name}
+           "framework": result.request.framework.name,
+           "memory_limit": {"fraction": result.request.max_memory_fraction, "why": result.request.memory_limit_why}}
     if result.infeasible is not None:
         inf = result.infeasible
         out["infeasible"] = {"kind": inf.kind, "reason": inf.reason, "details": inf.details}
