@@ -14,11 +14,11 @@ GPUs, LOSO error); nothing here is edited by hand.
 
 from __future__ import annotations
 
-import csv
 import statistics
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
+
+from meshplan.cost.calib import shipped_rows
 
 MIN_ROWS = 8
 """Smallest group whose own percentiles are used (fewer rows fall back to the coarser group)."""
@@ -115,12 +115,8 @@ def band_from(residuals: list[Residual], *, kind: str, generation: str, n_gpus: 
 @lru_cache(maxsize=1)
 def shipped() -> tuple[Residual, ...]:
     """The residuals ``scripts/fit_error_bands.py`` wrote."""
-    path = resources.files("meshplan.calibrate").joinpath(BANDS_FILE)
-    if not path.is_file():
-        return ()
-    with path.open() as fh:
-        return tuple(Residual(id=r["id"], kind=r["kind"], generation=r["generation"], n_gpus=int(r["n_gpus"]),
-                              error=float(r["loso_error"])) for r in csv.DictReader(fh))
+    return tuple(Residual(id=r["id"], kind=r["kind"], generation=r["generation"], n_gpus=int(r["n_gpus"]),
+                          error=float(r["loso_error"])) for r in shipped_rows(BANDS_FILE))
 
 
 def band_for(model, cluster, plan) -> Band | None:

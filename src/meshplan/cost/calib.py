@@ -6,6 +6,7 @@ the fit script wrote from the visible published runs. Nothing here is edited by 
 
 from __future__ import annotations
 
+import csv
 import tomllib
 from dataclasses import fields
 from functools import lru_cache
@@ -35,6 +36,15 @@ _ATTN_DEFAULT = next(f.default for f in fields(Calibration) if f.name == "attn_e
 def attention_factor(library: str, generation: str) -> float:
     """What the kernel library's attention reaches relative to the fitted (cuDNN) attention efficiency."""
     return FA2_OVER_CUDNN.get(generation, 1.0) if library == "pytorch" else 1.0
+
+
+def shipped_rows(name: str) -> list[dict]:
+    """The rows of a CSV a fitting script wrote into ``meshplan/calibrate`` (empty when it is not shipped)."""
+    path = resources.files("meshplan.calibrate").joinpath(name)
+    if not path.is_file():
+        return []
+    with path.open() as fh:
+        return list(csv.DictReader(fh))
 
 
 @lru_cache(maxsize=1)

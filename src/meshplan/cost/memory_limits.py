@@ -16,11 +16,11 @@ per run: id, stack, predicted peak fraction); nothing there is edited by hand.
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
+
+from meshplan.cost.calib import shipped_rows
 
 DEFAULT = 0.8
 """No out-of-memory was observed in a study of 454 published runs while the estimate stayed under 80 % of device
@@ -67,12 +67,8 @@ def limit_from(peaks: list[RunPeak], stack: str) -> MemoryLimit:
 @lru_cache(maxsize=1)
 def shipped() -> tuple[RunPeak, ...]:
     """The predicted peaks ``scripts/fit_memory_limits.py`` wrote."""
-    path = resources.files("meshplan.calibrate").joinpath(LIMITS_FILE)
-    if not path.is_file():
-        return ()
-    with path.open() as fh:
-        return tuple(RunPeak(id=r["id"], stack=r["stack"], fraction=float(r["peak_fraction"]))
-                     for r in csv.DictReader(fh))
+    return tuple(RunPeak(id=r["id"], stack=r["stack"], fraction=float(r["peak_fraction"]))
+                 for r in shipped_rows(LIMITS_FILE))
 
 
 def stack_limit(stack: str) -> MemoryLimit:
