@@ -80,6 +80,8 @@ def test_phase_cli_json(qwen_plan, capsys):
     (["--phase", "generate", "--engine", "vlm"], "did you mean"),
     (["--phase", "generate", "--min-gain", "0.1"], "--min-gain"),
     (["--phase", "generate", "--prebuilt-groups"], "--prebuilt-groups"),
+    # the old 0.8 default was indistinguishable from a pin of 0.8, which the phase then ignored
+    (["--phase", "generate", "--max-memory-fraction", "0.8"], "--max-memory-fraction"),
     (["--rollouts", "64"], "only with --phase generate"),
     (["--engine", "sglang"], "only with --phase generate"),
 ])
