@@ -19,10 +19,7 @@ from meshplan.cli.common import (
     term_width,
     wrote,
 )
-from meshplan.cost.bands import band_for
-from meshplan.cost.result import INSIDE_COMPUTE
 from meshplan.errors import SpecError
-from meshplan.report.band import band_json, band_text
 from meshplan.spec.io import read_plan_file
 from meshplan.spec.plan import Plan
 
@@ -64,6 +61,9 @@ def render(est, model, cluster, plan, stack=None, width: int = 80) -> str:
     from rich.console import Console
     from rich.table import Table
 
+    from meshplan.cost.bands import band_for
+    from meshplan.cost.result import INSIDE_COMPUTE
+    from meshplan.report.band import band_text
     from meshplan.report.layout import layout_text
     from meshplan.report.search import mfu_peak
 
@@ -156,6 +156,8 @@ def register(app: typer.Typer) -> None:
         if mdl.max_seq_len and the_plan.seq_len > mdl.max_seq_len:
             print(f"note: seq_len {the_plan.seq_len} exceeds {mdl.name}'s {mdl.max_seq_len} trained positions; the "
                   "prediction times the layout, not the model's quality at that length", file=sys.stderr)
+        from meshplan.cost.bands import band_for
+        from meshplan.report.band import band_json
         from meshplan.sim.predict import predict
 
         est = predict(mdl, clu, the_plan, stack=stack, schedule=sched_obj,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.cost.state_layout import Geometry, StateTensor, boxes, common_table, overlap_area, split_limit
+from meshplan.cost.state_layout import Boxes, Geometry, StateTensor, boxes, common_table, overlap_area, split_limit
 
 NEG = -1e300
 
@@ -62,9 +62,19 @@ def kept_bytes(a: Geometry, a_rank: np.ndarray, b: Geometry, b_rank: np.ndarray,
     for alike in splits.values():
         t0 = alike[0]
         table = sum(common_table(a, b, t) * t.elems for t in alike)  # slots both hold x elements, per pp pair
-        common = table[a.pp[ar], b.pp[b_rank]]
+        # State kinds whose shard status agrees share one box (``boxes``): one take and overlap per distinct pair.
+        weight: dict[tuple, list] = {}
         for ka, kb, nbytes in pairs.values():
-            out += common * overlap_area(boxes(a, t0, ka).take(ar), boxes(b, t0, kb).take(b_rank)) * nbytes
+            ba, bb = boxes(a, t0, ka), boxes(b, t0, kb)
+            weight.setdefault((id(ba), id(bb)), [ba, bb, 0.0])[2] += nbytes
+        on_a: dict[int, Boxes] = {}
+        on_b: dict[int, Boxes] = {}
+        area = np.zeros(b_rank.shape[0])
+        for ba, bb, nbytes in weight.values():
+            xa = on_a.get(id(ba)) or on_a.setdefault(id(ba), ba.take(ar))
+            xb = on_b.get(id(bb)) or on_b.setdefault(id(bb), bb.take(b_rank))
+            area += overlap_area(xa, xb) * nbytes
+        out += table[a.pp[ar], b.pp[b_rank]] * area
     return np.where(ok, out, 0.0)
 
 

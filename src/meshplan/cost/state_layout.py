@@ -286,7 +286,7 @@ def overlap_area(a: Boxes, b: Boxes) -> np.ndarray:
 
 def boxes(g: Geometry, t: StateTensor, kind: StateKind) -> Boxes:
     """Box of tensor ``t``'s state ``kind`` on every logical rank of ``g`` (memoised on the geometry)."""
-    key = (t.slot_lo, t.tp_dim, t.expert, t.tp_max, kind.name)
+    key = (t.slot_lo, t.tp_dim, t.expert, t.tp_max, g.plan.zero >= kind.zero_stage)  # what _boxes reads of kind
     if key not in g.memo:
         g.memo[key] = _boxes(g, t, kind)
     return g.memo[key]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from itertools import accumulate
 
 from meshplan.cost.calib import gpu_calibration
 from meshplan.cost.comm import collective_time, plan_links
@@ -72,22 +73,42 @@ class LayerTable:
     stack: FrameworkProfile
     """The software stack the costs were computed under."""
 
-    @property
+    @cached_property
     def share(self) -> float:
         """Smallest zero-bubble fill share over the blocks (the head's is 1)."""
         return min(b.share for b in self.blocks)
 
-    @property
+    @cached_property
+    def act_total(self) -> dict[str, float]:
+        """Activation bytes of all layers for one micro-batch, by recompute mode."""
+        return {mode: sum(b.act[mode] * b.n_layers for b in self.blocks) for mode in self.blocks[0].act}
+
+    @cached_property
+    def recompute_terms(self) -> tuple[float, float, float]:
+        """(largest activation saving of one fully recomputed layer, least extra work of one, extra work of
+        selective recompute on every layer) for ``recompute_extra``."""
+        return (max(b.act["none"] - b.act["full"] for b in self.blocks), min(b.full_extra for b in self.blocks),
+                sum(b.sel_extra * b.n_layers for b in self.blocks))
+
+    @cached_property
     def work(self) -> float:
         """All layers' and the head's work per micro-batch (s)."""
         return sum(b.work * b.n_layers for b in self.blocks) + self.head
 
-    @property
+    @cached_property
     def dense(self) -> float:
         """Dense parameters per tp rank over all stages, embeddings included."""
         return sum(b.dense * b.n_layers for b in self.blocks) + self.emb
 
-    @property
+    @cached_property
+    def prefix(self) -> dict[str, list[float]]:
+        """Running sums of each layer's work, dense and expert parameters and forward time in layer order (index
+        i: the layers before i), so a stage's sum is a difference of two."""
+        owner = [b for b in self.blocks for _ in range(b.n_layers)]
+        return {k: list(accumulate((getattr(x, k) for x in owner), initial=0.0))
+                for k in ("work", "dense", "expert", "fwd")}
+
+    @cached_property
     def expert(self) -> float:
         """Expert parameters per rank over all stages."""
         return sum(b.expert * b.n_layers for b in self.blocks)
@@ -244,7 +265,7 @@ def memory_lower_bound(table: LayerTable, plan: Plan, *, mode: str = "full") -> 
 
 def _memory_floor(table: LayerTable, mode: str, *, static: float, pp: int, i_max: float, inv_sum: float) -> float:
     """``memory_lower_bound`` from its schedule-independent static part and the schedule's in-flight counts."""
-    act = sum(b.act[mode] * b.n_layers for b in table.blocks)
+    act = table.act_total[mode]
     water = ((static - table.reserved) * pp / i_max + act) / inv_sum
     return max(static, water + table.reserved)
 
@@ -287,21 +308,21 @@ def _extra(table: LayerTable, *, static: float, pp: int, i_max: float, inv_sum: 
     if mem("full") > limit:
         return None
     # Each fully recomputed layer saves at most the largest per-layer difference, k layers on every rank.
-    save = max(b.act["none"] - b.act["full"] for b in table.blocks)
+    save, full_extra, sel_extra = table.recompute_terms
     k = max(1, math.ceil((none - limit) * inv_sum / max(pp * save, 1e-30) - 1e-9))
-    opts = [pp * k * min(b.full_extra for b in table.blocks)]
+    opts = [pp * k * full_extra]
     if selective and mem("selective") <= limit:
-        opts.append(sum(b.sel_extra * b.n_layers for b in table.blocks))
+        opts.append(sel_extra)
     return min(opts)
 
 
-def group_pipeline_floor(table: LayerTable, plan: Plan, pipelines, *, limit: float,
-                         selective: bool = True) -> float | None:
+def group_pipeline_floor(table: LayerTable, plan: Plan, pipelines, *, limit: float, selective: bool = True,
+                         static: float | None = None) -> float | None:
     """Pipeline part of the leaf bound (``time_lower_bound`` without sends or data-parallel terms) minimized
     over a group's (schedule, vpp) options, each with the least recompute its memory bound allows (s); None
     when no option can fit even with full recompute. Static memory does not depend on the schedule, so one
-    ``_static_avg`` serves every option."""
-    static = _static_avg(table, plan)
+    ``_static_avg`` (``static``, computed here when not given) serves every option."""
+    static = _static_avg(table, plan) if static is None else static
     best = None
     for sched, vpp in pipelines:
         name = sched or ("interleaved_1f1b" if vpp > 1 else "1f1b")

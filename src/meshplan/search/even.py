@@ -29,37 +29,22 @@ class EvenSplit:
     holds the last stage."""
 
 
-@dataclass(frozen=True)
-class _Sums:
-    work: list
-    dense: list
-    expert: list
-    fwd: list
-
-
-def _prefix(model: ModelSpec, table: LayerTable) -> _Sums:
-    """Running sums of the per-layer work, parameters and forward time, in layer order (index i = layers < i)."""
-    owner = [table.blocks[b] for b, blk in enumerate(model.blocks) for _ in range(blk.n_layers)]
-    return _Sums(*(list(accumulate((getattr(x, k) for x in owner), initial=0.0))
-                   for k in ("work", "dense", "expert", "fwd")))
-
-
 def even_split_work(model: ModelSpec, table: LayerTable, plan: Plan) -> EvenSplit:
     """Work of each pipeline rank when layers are split evenly over the virtual stages, the head on the rank
     that holds the last stage (looped placement, or rank 0 for V-shaped schedules)."""
     from meshplan.spec.checks import even_split
 
     split = even_split(model.n_layers, plan.n_stages)
-    sums = _prefix(model, table)  # running sums over layers: a stage's sum is a difference of two
+    cw, cd, ce, cf = (table.prefix[k] for k in ("work", "dense", "expert", "fwd"))  # a stage's sum: a difference
     ranks = rank_stages(plan.schedule_name, pp=plan.pp, n_stages=plan.n_stages)
     bounds = list(accumulate(split, initial=0))
-    work = [sum(sums.work[bounds[v + 1]] - sums.work[bounds[v]] for v in stages) for stages in ranks]
+    work = [sum(cw[bounds[v + 1]] - cw[bounds[v]] for v in stages) for stages in ranks]
     d = e = f = bw = 0.0
     for v in ranks[0]:
         lo, hi = bounds[v], bounds[v + 1]
-        d, e = d + sums.dense[hi] - sums.dense[lo], e + sums.expert[hi] - sums.expert[lo]
-        f += sums.fwd[hi] - sums.fwd[lo]
-        bw += (sums.work[hi] - sums.work[lo]) - (sums.fwd[hi] - sums.fwd[lo])
+        d, e = d + cd[hi] - cd[lo], e + ce[hi] - ce[lo]
+        f += cf[hi] - cf[lo]
+        bw += (cw[hi] - cw[lo]) - (cf[hi] - cf[lo])
     n0 = sum(split[v] for v in ranks[0])
     head_rank = stage_rank(plan.schedule_name, stage=plan.n_stages - 1, pp=plan.pp)
     work[head_rank] += table.head

@@ -37,7 +37,8 @@ def group_bound(space: SearchSpace, cache: CostCache, variant: ClusterSpec, plan
         return None, mem / cap
     pipe = 0.0
     if pipelines and not exhaustive:
-        pipe = group_pipeline_floor(fast, plan, pipelines, limit=cap, selective=space.selective_allowed())
+        pipe = group_pipeline_floor(fast, plan, pipelines, limit=cap, selective=space.selective_allowed(),
+                                    static=mem)
         if pipe is None:
             return None, mem / cap
     # The group's leaves hold the head on the last rank (looped) or on rank 0 (V-shaped): the lower floor.

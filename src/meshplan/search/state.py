@@ -16,7 +16,7 @@ from meshplan.search.request import SearchRequest
 from meshplan.search.result import RankedPlan
 from meshplan.search.shares import shares_leaf, shares_template
 from meshplan.search.space import degree_tuples, groups
-from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.cluster import ClusterSpec, Pool
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
 
@@ -24,6 +24,17 @@ from meshplan.spec.plan import Plan
 def dollars_per_hour(cluster: ClusterSpec, prices: dict) -> float:
     """Price of all GPUs of ``cluster`` per hour: the request's prices, else the catalog's (0 = unknown)."""
     return sum(p.n_gpus * float(prices.get(p.gpu.name, p.gpu.price_per_hour)) for p in cluster.pools)
+
+
+def pool_key(pool: Pool) -> tuple:
+    """What per-layer costs and pipeline sends read of a pool (``layer_table``, ``p2p_send_time``): its GPU and its
+    network levels (``group_link``). The outermost level's span only bounds the groups that cross it, so pools that
+    differ in size beyond their scale-up domain (the smaller worlds of one search) cost alike and share tables."""
+    levels = pool.network()
+    if len(levels) == 1:
+        return pool.gpu, pool.gpus_per_node, levels
+    out = levels[-1]
+    return pool.gpu, pool.gpus_per_node, levels[:-1], (out.name, out.bandwidth, out.latency)
 
 
 def layer_key(plan: Plan) -> tuple:
@@ -106,10 +117,21 @@ class CostCache:
     sends: dict = field(default_factory=dict)
     floors: dict = field(default_factory=dict)
     shares: dict = field(default_factory=dict)
+    pools: dict = field(default_factory=dict)
+    """id(pool) -> (pool, index of its ``pool_key``): the pool is held so its id is not reused by a later (derated)
+    one, and the small index keeps the table keys cheap to hash."""
+    pool_keys: dict = field(default_factory=dict)
+
+    def _pool(self, pool: Pool) -> int:
+        hit = self.pools.get(id(pool))
+        if hit is None:
+            index = self.pool_keys.setdefault(pool_key(pool), len(self.pool_keys))
+            hit = self.pools[id(pool)] = (pool, index)
+        return hit[1]
 
     def table(self, pool, plan: Plan) -> LayerTable:
-        """Per-layer costs, shared by every leaf with the same pool and intra-layer layout."""
-        key = (id(pool), *layer_key(plan))
+        """Per-layer costs, shared by every leaf with the same pool (by ``pool_key``) and intra-layer layout."""
+        key = (self._pool(pool), *layer_key(plan))
         if key not in self.tables:
             sp = self.space
             self.tables[key] = layer_table(sp.model, pool, plan, stack=sp.request.framework, calib=sp.calib)
@@ -125,7 +147,7 @@ class CostCache:
             return 0.0
         sends = []
         for p in variant.pools:
-            key = (id(p), layer_key(plan), plan.stride("pp"))
+            key = (self._pool(p), layer_key(plan), plan.stride("pp"))
             if key not in self.sends:
                 self.sends[key] = p2p_send_time(self.space.model, p, plan, calib=self.space.calib)
             sends.append(self.sends[key])
