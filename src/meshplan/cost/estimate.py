@@ -122,12 +122,13 @@ def _per_layer(model: ModelSpec, plan: Plan, stages: list, ctxs: list[Ctx]) -> l
     once, which keeps the estimate fast enough for search."""
     seen = [0] * plan.pp
     cache: dict[tuple, LayerCost] = {}
+    owner = [rank_of(plan, v) for v in range(len(stages))]
     # Layers are counted per rank in its chunk order, so walk each rank's stages in pipeline order.
-    order = sorted(range(len(stages)), key=lambda v: (rank_of(plan, v), v))
+    order = sorted(range(len(stages)), key=lambda v: (owner[v], v))
     by_stage: dict[int, list[LayerCost]] = {}
     for v in order:
         layers = stages[v]
-        r = rank_of(plan, v)
+        r = owner[v]
         row = []
         for block, _ in layers:
             key = (id(block), id(ctxs[r]), layer_recompute_mode(plan, seen[r]))
@@ -143,22 +144,32 @@ def _stage_times(model: ModelSpec, plan: Plan, costs: list[list[LayerCost]], ctx
                  stages: list) -> StageTimes:
     n = len(costs)
     fwd, bi, bw, p2p, act = [], [], [], [], []
+    h_div = plan.tp if plan.sp else 1
+    sends: dict[tuple, float] = {}  # one send time per (last block, rank context)
     for v, row in enumerate(costs):
-        f = sum(c.forward for c in row)
-        b = sum(c.backward_input for c in row)
+        f = b = w = a = 0.0
+        for c in row:
+            f += c.forward
+            b += c.backward_input
+            w += c.bwd_weight
+            a += c.act_bytes
+        ctx = ctxs[rank_of(plan, v)]
         if v == n - 1:
-            hf, hb = head_cost(model, ctxs[rank_of(plan, v)])
+            hf, hb = head_cost(model, ctx)
             f, b = f + hf, b + hb
         fwd.append(f)
         bi.append(b)
-        bw.append(sum(c.bwd_weight for c in row))
-        act.append(sum(c.act_bytes for c in row))
-        ctx = ctxs[rank_of(plan, v)]
+        bw.append(w)
+        act.append(a)
+        if v == n - 1:
+            p2p.append(0.0)
+            continue
         block = stages[v][-1][0] if stages[v] else model.blocks[-1]
-        h_div = plan.tp if plan.sp else 1
-        nbytes = tokens_of(block, plan) * block.layer.hidden * plan.act_bytes / h_div
-        p2p.append(collective_time("send_recv", nbytes, size=2, link=ctx.links.pp, calib=ctx.calib)
-                   if v < n - 1 else 0.0)
+        key = (id(block), id(ctx))
+        if key not in sends:
+            nbytes = tokens_of(block, plan) * block.layer.hidden * plan.act_bytes / h_div
+            sends[key] = collective_time("send_recv", nbytes, size=2, link=ctx.links.pp, calib=ctx.calib)
+        p2p.append(sends[key])
     return StageTimes(fwd=tuple(fwd), bwd_input=tuple(bi), bwd_weight=tuple(bw), p2p=tuple(p2p),
                       act_bytes=tuple(act))
 
@@ -171,25 +182,34 @@ def _rank_cost(model: ModelSpec, plan: Plan, r: int, *, costs: list[list[LayerCo
     layers = [lay for v in idx for lay in stages[v]]
     first, last = 0 in idx, plan.n_stages - 1 in idx
     dense, expert = stage_params(model, layers, plan, first=first, last=last)
-    fwd = sum(times.fwd[v] for v in idx)
-    bwd = sum(times.bwd_input[v] + times.bwd_weight[v] for v in idx)
-    n_tensors = sum(c.n_params for c in rows) + 2  # layers' tensors, plus embedding/head and final norm
+    fwd = bwd = act_one = 0.0
+    for v in idx:
+        fwd += times.fwd[v]
+        bwd += times.bwd_input[v] + times.bwd_weight[v]
+        act_one += times.act_bytes[v]
+    compute = recompute = host_wait = tp = cp = ep = 0.0
+    n_tensors = 2  # layers' tensors, plus embedding/head and final norm
+    for c in rows:
+        compute += c.fwd + c.bwd_input + c.bwd_weight
+        recompute += c.recompute
+        host_wait += c.host_wait
+        tp += c.tp_f + c.tp_b
+        cp += c.cp_f + c.cp_b
+        ep += c.ep_f + c.ep_b
+        n_tensors += c.n_params
     dp = dp_cost(dense, expert, plan=plan, stack=ctx.stack, links=ctx.links, calib=ctx.calib, fwd=fwd, bwd=bwd,
                  n_units=max(len(rows), 1), n_tensors=n_tensors)
     inflight = inflight_microbatches(plan.schedule_name, pp=plan.pp, vpp=plan.vpp, n_micro=plan.n_micro, rank=r)
-    act = inflight * sum(times.act_bytes[v] for v in idx)
+    act = inflight * act_one
     extra = max((c.full_act_bytes - c.act_bytes for c in rows), default=0.0)
-    load = RankLoad(dense=dense, expert=expert, act=act, act_one=sum(times.act_bytes[v] for v in idx), recompute=extra,
+    load = RankLoad(dense=dense, expert=expert, act=act, act_one=act_one, recompute=extra,
                     root=root_params(model, plan, first, last), n_units=len(rows), first=first, last=last)
     mem = rank_memory(model, plan, ctx.stack, load, generation=ctx.gpu.generation)
     # Sharded (ZeRO/FSDP2) and tensor-parallel parameters are DTensors: their optimizer ops pay dispatch too.
     host = ctx.calib.op_overhead_s + (ctx.calib.dtensor_overhead_s if (plan.zero or plan.tp > 1) else 0.0)
     opt = optimizer_time(dense, expert, plan=plan, stack=ctx.stack, hbm_bandwidth=ctx.gpu.hbm_bandwidth,
                          mem_eff=ctx.calib.mem_eff, n_tensors=n_tensors, host_s=host, host_floor_s=ctx.calib.host_op_s)
-    return RankCost(compute=sum(c.fwd + c.bwd_input + c.bwd_weight for c in rows),
-                    recompute=sum(c.recompute for c in rows), host_wait=sum(c.host_wait for c in rows),
-                    tp=sum(c.tp_f + c.tp_b for c in rows),
-                    cp=sum(c.cp_f + c.cp_b for c in rows), ep=sum(c.ep_f + c.ep_b for c in rows), dp=dp,
+    return RankCost(compute=compute, recompute=recompute, host_wait=host_wait, tp=tp, cp=cp, ep=ep, dp=dp,
                     optimizer=opt, memory=mem)
 
 

@@ -26,8 +26,6 @@ import numpy as np
 
 from meshplan.cost.state_layout import Boxes, Geometry, StateTensor, boxes, common_table, overlap_area, split_limit
 
-NEG = -1e300
-
 
 @dataclass(frozen=True, kw_only=True)
 class RankMap:
@@ -71,8 +69,8 @@ def kept_bytes(a: Geometry, a_rank: np.ndarray, b: Geometry, b_rank: np.ndarray,
         on_b: dict[int, Boxes] = {}
         area = np.zeros(b_rank.shape[0])
         for ba, bb, nbytes in weight.values():
-            xa = on_a.get(id(ba)) or on_a.setdefault(id(ba), ba.take(ar))
-            xb = on_b.get(id(bb)) or on_b.setdefault(id(bb), bb.take(b_rank))
+            xa = on_a.get(id(ba)) or on_a.setdefault(id(ba), ba.take(ar, keys=False))
+            xb = on_b.get(id(bb)) or on_b.setdefault(id(bb), bb.take(b_rank, keys=False))
             area += overlap_area(xa, xb) * nbytes
         out += table[a.pp[ar], b.pp[b_rank]] * area
     return np.where(ok, out, 0.0)
@@ -122,12 +120,13 @@ def _world(a_phys: np.ndarray, usable: np.ndarray, lost: np.ndarray, domain: int
     ok = np.zeros(universe, dtype=bool)
     ok[usable] = True
     ok[lost] = False
-    full, blank = [], []
-    for d in range(universe // domain + (universe % domain > 0)):
-        ids = np.arange(d * domain, min((d + 1) * domain, universe))
-        if ids.shape[0] == domain and ok[ids].all():
-            (full if (inv[ids] >= 0).any() else blank).append(d)
-    full.sort(key=lambda d: int(inv[d * domain:(d + 1) * domain].max()))
+    nd = universe // domain  # a partial last domain is never usable whole
+    usable_d = ok[:nd * domain].reshape(nd, domain).all(axis=1)
+    held = inv[:nd * domain].reshape(nd, domain)
+    holds = (held >= 0).any(axis=1)
+    full = np.flatnonzero(usable_d & holds)
+    full = full[np.argsort(held[full].max(axis=1), kind="stable")].tolist()
+    blank = np.flatnonzero(usable_d & ~holds).tolist()
     return _World(inv=inv, full=full, blank=blank, domain=domain)
 
 
@@ -143,34 +142,50 @@ def _scores(w: _World, a: Geometry, b: Geometry, tensors, order, pairs: np.ndarr
 
 
 def _align(w: _World, a, b, tensors, order, n_new: int) -> list[int | None]:
-    """Surviving domain index (into ``w.full``) for each new domain, or None (takes a blank/idle one)."""
+    """Surviving domain index (into ``w.full``) for each new domain, or None (takes a blank/idle one).
+
+    Sequence alignment with free gaps restricted to a band of columns around the diagonal: a cell (j, i) matches
+    new domain j with old domain i and scores its kept bytes; its value is the score plus the best value of any
+    cell up and to the left. ``best[c]`` holds that best over the rows done so far for columns <= c; columns
+    right of the band only ever take the running maximum, so they are filled when the band reaches them."""
     n_old = len(w.full)
     if n_old == 0:
         return [None] * n_new
     band = 3 + int(np.ceil(n_old / n_new))
     centre = np.round(np.arange(n_new) * n_old / n_new).astype(np.int64)
-    offs = np.arange(-band, band + 1)
-    ii = centre[:, None] + offs[None, :]
-    okm = (ii >= 0) & (ii < n_old)
-    jj = np.broadcast_to(np.arange(n_new)[:, None], ii.shape)
-    pairs = np.stack([ii[okm], jj[okm]], axis=1)
-    s = np.full((n_new, n_old), NEG)
-    s[pairs[:, 1], pairs[:, 0]] = _scores(w, a, b, tensors, order, pairs)
-    best = np.zeros((n_new + 1, n_old + 1))  # best[j, i]: first j new domains on the first i old ones
-    take = np.zeros((n_new, n_old + 1), dtype=bool)
+    lo = np.clip(centre - band, 0, n_old - 1)
+    hi = np.clip(centre + band, 0, n_old - 1)
+    rows = [np.arange(lo[j], hi[j] + 1) for j in range(n_new)]
+    pairs = np.stack([np.concatenate(rows), np.repeat(np.arange(n_new), [len(r) for r in rows])], axis=1)
+    flat = _scores(w, a, b, tensors, order, pairs).tolist()
+    best, best_cell = [0.0] * n_old, [-1] * n_old   # value, and the cell it ends at (-1: no match yet)
+    top, top_cell, filled = 0.0, -1, -1            # the running maximum, for columns right of the band
+    cells: list[tuple[int, int, int]] = []          # (new domain, old domain, previous cell)
+    k = 0
     for j in range(n_new):
-        prev = np.maximum.accumulate(best[j])  # old domains may idle
-        match = np.full(n_old + 1, NEG)
-        match[1:] = prev[:-1] + s[j]
-        take[j] = match > prev
-        best[j + 1] = np.maximum(prev, match)
+        a_lo, a_hi = int(lo[j]), int(hi[j])
+        for c in range(filled + 1, a_hi + 1):
+            best[c], best_cell[c] = top, top_cell
+        filled = max(filled, a_hi)
+        vals = []
+        for i in range(a_lo, a_hi + 1):
+            prev, prev_cell = (best[i - 1], best_cell[i - 1]) if i > 0 else (0.0, -1)
+            vals.append((prev + flat[k], len(cells)))
+            cells.append((j, i, prev_cell))
+            k += 1
+        run, run_cell = -1.0, -1
+        for i, (v, cell) in zip(range(a_lo, a_hi + 1), vals):  # this row's cells raise the columns right of them
+            if v > run:
+                run, run_cell = v, cell
+            if run > best[i]:
+                best[i], best_cell[i] = run, run_cell
+        if best[filled] > top:
+            top, top_cell = best[filled], best_cell[filled]
     out: list[int | None] = [None] * n_new
-    i = int(np.argmax(best[n_new]))
-    for j in range(n_new - 1, -1, -1):
-        if take[j, i]:
-            out[j] = i - 1
-            i -= 1
-        i = int(np.argmax(best[j, :i + 1]))
+    cell = top_cell
+    while cell >= 0:
+        j, i, cell = cells[cell]
+        out[j] = i
     return out
 
 

@@ -269,9 +269,10 @@ class Boxes:
         """Fraction of the tensor (per slot) each rank holds."""
         return np.prod(self.hi - self.lo, axis=0)
 
-    def take(self, idx: np.ndarray) -> "Boxes":
-        """The boxes of ranks ``idx``."""
-        return Boxes(np.take(self.lo, idx, axis=1), np.take(self.hi, idx, axis=1), np.take(self.key, idx))
+    def take(self, idx: np.ndarray, *, keys: bool = True) -> "Boxes":
+        """The boxes of ranks ``idx`` (without their keys when ``keys`` is False: overlaps do not read them)."""
+        return Boxes(np.take(self.lo, idx, axis=1), np.take(self.hi, idx, axis=1),
+                     np.take(self.key, idx) if keys else self.key[:0])
 
     @property
     def experts(self) -> np.ndarray:
