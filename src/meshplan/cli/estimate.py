@@ -25,7 +25,7 @@ from meshplan.spec.plan import Plan
 
 # Flag name -> Plan field, named like the validation CSV's columns.
 PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "micro_batch", "global_batch", "seq_len", "recompute",
-              "sp", "precision", "schedule", "etp", "dp_shard", "cp_kind", "recompute_layers", "framework")
+              "sp", "precision", "schedule", "etp", "dp_shard", "cp_kind", "recompute_layers", "framework", "dp_sync")
 # Flag name -> FrameworkProfile field: the stack's settings a command may change for one prediction.
 STACK_FLAGS = ("tp_comm_overlap", "grad_dtype", "optimizer_dtype")
 
@@ -119,6 +119,9 @@ def register(app: typer.Typer) -> None:
         zero: Optional[int] = typer.Option(None, help="ZeRO stage: 0, 1, 2 or 3 (3 = FSDP; default 0)."),
         etp: Optional[int] = typer.Option(None, help="Experts' tensor-parallel degree: 1 or tp (default 1)."),
         dp_shard: Optional[int] = typer.Option(None, "--dp-shard", help="HSDP shard group size."),
+        dp_sync: Optional[str] = typer.Option(None, "--dp-sync", help="Gradient synchronisation: allreduce, "
+                                              "reduce_scatter or ps (a parameter server on the cluster's CPU servers, "
+                                              "--gpus ...+8xserver[@GB/s]); default: the ZeRO stage's collective."),
         micro_batch: Optional[int] = typer.Option(None, "--micro-batch"),
         global_batch: Optional[int] = typer.Option(None, "--global-batch"),
         seq_len: Optional[int] = typer.Option(None, "--seq-len"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.cost.comm import Links, collective_time
+from meshplan.cost.dp_sync import SyncContext, sync_method
 from meshplan.cost.memory import accumulates_unsharded, bytes_per_param
 from meshplan.spec.calibration import Calibration
 from meshplan.spec.cluster import GroupLink
@@ -89,9 +90,13 @@ def ddp_cost(dense: float, expert: float, *, plan: Plan, stack: FrameworkProfile
     bucket cannot hide."""
     _, g_bytes, _ = bytes_per_param(plan, stack)
     group = plan.dp * plan.cp
-    kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
-    red = collective_time(kind, dense * g_bytes, size=group, link=links.dp, calib=calib)
-    bucket = collective_time(kind, min(BUCKET_PARAMS, dense) * g_bytes, size=group, link=links.dp, calib=calib)
+    sync, ctx = sync_method(plan.sync), sync_context(plan, links)
+
+    def reduce(params: float, size: int) -> float:
+        return sync.reduce(params * g_bytes, size=size, link=links.dp, calib=calib, ctx=ctx)
+
+    red = reduce(dense, group)
+    bucket = reduce(min(BUCKET_PARAMS, dense), group)
     gather = bucket_g = 0.0
     if plan.zero:
         w_bytes, _, _ = bytes_per_param(plan, stack)
@@ -100,7 +105,7 @@ def ddp_cost(dense: float, expert: float, *, plan: Plan, stack: FrameworkProfile
                                    calib=calib)
     if expert:
         eg = plan.expert_dp
-        red += collective_time(kind, expert * g_bytes, size=eg, link=links.dp, calib=calib)
+        red += reduce(expert, eg)
         if plan.zero:
             gather += collective_time("all_gather", expert * w_bytes, size=eg, link=links.dp, calib=calib)
     exp_red = max(red - calib.overlap_eff * bwd, bucket) if stack.overlap_grad_reduce else red
@@ -111,6 +116,16 @@ def ddp_cost(dense: float, expert: float, *, plan: Plan, stack: FrameworkProfile
         # stage_1_and_2.py reduces at every backward), hidden behind that micro-batch's backward but its last bucket.
         return DPCost(per_micro_bwd=exp_red, per_step=exp_gat, total_traffic=red * plan.n_micro + gather)
     return DPCost(per_step=exp_red + exp_gat, total_traffic=red + gather)
+
+
+def sync_context(plan: Plan, links: Links) -> SyncContext:
+    """The dp group as the synchronisation method sees it: machines it spans, the share of the cluster's server
+    bandwidth it gets (every dp x cp group reduces at the same time), its members' scale-out bandwidth."""
+    if links.servers is None:
+        servers = float("inf")
+    else:
+        servers = links.servers / max(plan.n_gpus // (plan.dp * plan.cp), 1)
+    return SyncContext(machines=links.dp_machines, servers=servers, machine_bandwidth=links.dp.bandwidth)
 
 
 def reduces_every_micro(plan: Plan, stack: FrameworkProfile) -> bool:

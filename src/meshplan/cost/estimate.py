@@ -266,7 +266,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, stack: Frame
     for r in range(plan.pp):
         pool = rank_pool(cluster, plan, r)
         if id(pool) not in by_pool:
-            by_pool[id(pool)] = Ctx(model=model, plan=plan, stack=stack, gpu=pool.gpu, links=plan_links(plan, pool),
+            links = plan_links(plan, pool, servers=cluster.server_capacity)
+            by_pool[id(pool)] = Ctx(model=model, plan=plan, stack=stack, gpu=pool.gpu, links=links,
                                     calib=gpu_calibration(pool.gpu, calib, library=stack.kernel_library))
         ctxs.append(by_pool[id(pool)])
     costs = _per_layer(model, plan, stages, ctxs)
@@ -360,7 +361,8 @@ def replica_estimates(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, sta
     out = []
     for pool, reps, share in zip(cluster.pools, replicas_per_pool(cluster, plan), plan.batch_shares):
         sub = plan.with_(batch_shares=(), dp=reps, global_batch=reps * share * plan.micro_batch)
-        out.append(estimate(model, ClusterSpec(pools=(pool,)), sub, stack=stack, calib=calib, pipeline=pipeline))
+        one = ClusterSpec(pools=(pool,), servers=cluster.servers, server_bandwidth=cluster.server_bandwidth)
+        out.append(estimate(model, one, sub, stack=stack, calib=calib, pipeline=pipeline))
     return tuple(out)
 
 

@@ -122,6 +122,10 @@ def refusals(plan: Plan, exporter: Exporter) -> list[str]:
     "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"; Megatron-DeepSpeed's --no-pipeline-parallel
     needs pp = 1, megatron/arguments.py)."""
     top = max(catalog.framework(s).max_zero_with_pp for s in exporter.stacks)
+    syncs = {m for s in exporter.stacks for m in catalog.framework(s).dp_syncs}
+    if plan.dp * plan.cp > 1 and plan.sync not in syncs:
+        return [f"dp_sync={plan.sync}: {exporter.name} synchronises gradients with {', '.join(sorted(syncs))} only; "
+                "a parameter-server plan runs under BytePS (its launcher, not this export)"]
     if plan.pp > 1 and plan.zero > top:
         return [f"ZeRO-{plan.zero} with pp={plan.pp}: {exporter.name} combines pipeline parallelism with ZeRO-{top} "
                 f"at most; re-plan with --zero {top} or --pp 1"]

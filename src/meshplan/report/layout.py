@@ -11,7 +11,8 @@ def layout_text(plan: Plan) -> str:
     parts = [f"tp={plan.tp}{'+sp' if plan.sp else ''}", f"cp={plan.cp}", f"pp={plan.pp}"]
     if plan.vpp > 1:
         parts.append(f"vpp={plan.vpp}")
-    parts += [f"dp={plan.dp}", f"zero={plan.zero}" + (f" dp_shard={plan.dp_shard}" if plan.dp_shard else ""),
+    parts += [f"dp={plan.dp}", f"zero={plan.zero}" + (f" dp_shard={plan.dp_shard}" if plan.dp_shard else "")
+              + (" dp_sync=ps" if plan.dp_sync == "ps" else ""),
               f"ep={plan.ep}" + (f" etp={plan.etp}" if plan.etp > 1 else ""), f"mb={plan.micro_batch}",
               f"gbs={plan.global_batch}", f"seq={plan.seq_len}", f"recompute={recompute_text(plan)}", plan.precision,
               f"schedule={sched}"]
@@ -31,6 +32,8 @@ def layout_short(plan: Plan) -> str:
     if plan.ep > 1:
         parts.append(f"ep{plan.ep}" + (f"/etp{plan.etp}" if plan.etp > 1 else ""))
     parts.append(f"z{plan.zero}" + (f"/{plan.dp_shard}" if plan.dp_shard else ""))
+    if plan.dp_sync == "ps":
+        parts.append("ps")
     if plan.batch_shares:
         parts.append("shares " + ":".join(str(s) for s in plan.batch_shares))
     if plan.layer_split and len(set(plan.layer_split)) > 1:

@@ -24,8 +24,8 @@ def cluster_variants(cluster: ClusterSpec, *, precision: str, allow_idle: bool,
         pool = cluster.pools[0]
         dom, der = pool.network()[0].span, cluster.derating
         # A smaller world idles the most derated scale-up domains first (Derating.idle).
-        return [cluster] + [ClusterSpec(pools=(replace(pool, n_gpus=w),), name=f"{w}x{pool.gpu.name}",
-                                        derating=der.idle(pool.n_gpus, w, dom) if der else der)
+        return [cluster] + [replace(cluster, pools=(replace(pool, n_gpus=w),), name=f"{w}x{pool.gpu.name}",
+                                    derating=der.idle(pool.n_gpus, w, dom) if der else der)
                             for w in sorted(set(worlds), reverse=True) if w < pool.n_gpus]
     pools = [p for p in cluster.pools if p.gpu.peak_flops(precision) > 0]
     subsets = []
@@ -45,8 +45,8 @@ def cluster_variants(cluster: ClusterSpec, *, precision: str, allow_idle: bool,
         key = tuple(id(p) for p in order)
         if key not in seen:
             seen.add(key)
-            out.append(ClusterSpec(pools=order, inter_pool_bandwidth=cluster.inter_pool_bandwidth,
-                                   name="+".join(f"{p.n_gpus}x{p.gpu.name}" for p in order)))
+            out.append(replace(cluster, pools=order, derating=cluster.derating,
+                               name="+".join(f"{p.n_gpus}x{p.gpu.name}" for p in order)))
     return out
 
 

@@ -13,7 +13,7 @@ from meshplan.search.bounds import layer_table, memory_lower_bound
 from meshplan.search.result import RankedPlan
 from meshplan.search.space import degree_tuples, leaf_plan, leaves
 from meshplan.search.state import SearchSpace, Tally
-from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.cluster import ClusterSpec, Derating
 
 MAX_SCALE = 64
 """Search for a fitting size up to 64x the given GPUs."""
@@ -61,7 +61,7 @@ def min_gpus(model, cluster: ClusterSpec, req) -> int:
     step = pool.gpus_per_node
     n = max(step, cluster.n_gpus)
     while n <= MAX_SCALE * max(cluster.n_gpus, step):
-        trial = ClusterSpec(pools=(replace(pool, n_gpus=n),))
+        trial = replace(cluster, pools=(replace(pool, n_gpus=n),), name="", derating=Derating())
         if _fits_on(model, trial, req):
             return n
         n = n + step if n < 4 * cluster.n_gpus else n * 2

@@ -171,8 +171,7 @@ def new_cluster_of(cluster: ClusterSpec, change: ClusterChange) -> ClusterSpec:
     if n < 1:
         raise SpecError("--lose", len(change.lost), f"leaves no GPU of the {pool.n_gpus}")
     slow = change.slow.renumbered(change.survivors(pool.n_gpus), pool.network()[0].span)
-    return ClusterSpec(pools=(replace(pool, n_gpus=n),), inter_pool_bandwidth=cluster.inter_pool_bandwidth,
-                       derating=slow)
+    return replace(cluster, pools=(replace(pool, n_gpus=n),), derating=slow, name="")
 
 
 def _current_step(model, cluster, plan: Plan, request: SearchRequest, change: ClusterChange) -> tuple:

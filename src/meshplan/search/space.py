@@ -75,7 +75,7 @@ def use_sp(deg: Degrees, req: SearchRequest) -> bool:
 def _probe(deg: Degrees, req: SearchRequest, **kw) -> Plan:
     return Plan(global_batch=req.global_batch, seq_len=req.seq_len, precision=req.precision, tp=deg.tp,
                 sp=use_sp(deg, req), cp=deg.cp, pp=deg.pp, dp=deg.dp, ep=deg.ep, etp=deg.etp,
-                framework=req.framework.name, **kw)
+                framework=req.framework.name, dp_sync=req.framework.sync_for(0), **kw)
 
 
 def _expert_options(model: ModelSpec, tp: int, cp: int, dp: int) -> list[tuple[int, int]]:
@@ -258,9 +258,11 @@ def leaves(model: ModelSpec, deg: Degrees, req: SearchRequest, *, node: int, pru
 
 
 def leaf_plan(leaf: Leaf, req: SearchRequest, **kw) -> Plan:
-    """The Plan of a leaf (sequence parallel whenever tp > 1), under the request's software stack."""
+    """The Plan of a leaf (sequence parallel whenever tp > 1), under the request's software stack (its gradient
+    synchronisation too: a parameter-server stack's leaves push and pull)."""
     d = leaf.deg
     return Plan(global_batch=req.global_batch, seq_len=req.seq_len, micro_batch=leaf.micro_batch, tp=d.tp,
                 sp=use_sp(d, req), cp=d.cp, cp_kind=leaf.cp_kind, pp=d.pp, vpp=leaf.vpp, schedule=leaf.schedule,
                 dp=d.dp, zero=leaf.zero, dp_shard=leaf.dp_shard, ep=d.ep, etp=d.etp, precision=req.precision,
-                framework=req.framework.name, state_copies=req.state_copies, **kw)
+                framework=req.framework.name, state_copies=req.state_copies,
+                dp_sync=req.framework.sync_for(leaf.zero), **kw)

@@ -198,4 +198,6 @@ def stack_violations(plan: Plan, stack: FrameworkProfile) -> list[str]:
                    f"<= {stack.max_zero_with_pp} only")
     if plan.recompute not in stack.recompute_modes:
         out.append(f"recompute={plan.recompute}: {name} offers {', '.join(stack.recompute_modes)}")
+    if plan.dp * plan.cp > 1 and plan.sync not in stack.dp_syncs:
+        out.append(f"dp_sync={plan.sync}: {name} synchronises gradients with {', '.join(stack.dp_syncs)}")
     return out

@@ -151,10 +151,19 @@ class ClusterSpec:
     """Optional label."""
     derating: Derating = Derating()
     """GPUs and links running below their rating (none by default)."""
+    servers: int = 0
+    """CPU machines on the same scale-out fabric that can run a parameter server's summation (BytePS keeps its
+    servers on CPU-only machines: ``docs/rationale.md`` of bytedance/byteps 0.2.5); 0 = none."""
+    server_bandwidth: float = 0.0
+    """Scale-out bandwidth of one server machine, each direction (bytes/s); 0 = one NIC of the GPU's rate."""
 
     def __post_init__(self) -> None:
         if not self.pools:
             raise SpecError("cluster.pools", self.pools, "a cluster needs at least one pool")
+        if not isinstance(self.servers, int) or isinstance(self.servers, bool) or self.servers < 0:
+            raise SpecError("cluster.servers", self.servers, "must be a whole number of CPU machines >= 0")
+        if self.server_bandwidth < 0:
+            raise SpecError("cluster.server_bandwidth", self.server_bandwidth, "must be >= 0 bytes/s (0 = one NIC)")
         if self.derating and not self.homogeneous:
             raise SpecError("derating", self.describe(), "is supported on a cluster of one GPU type so far")
         bad = [i for i, _ in self.derating.gpus if i >= self.n_gpus]
@@ -178,7 +187,14 @@ class ClusterSpec:
 
     def describe(self) -> str:
         """Shorthand such as ``1024xa100-80gb`` or ``32xa100-80gb+32xh100-sxm``."""
-        return "+".join(f"{p.n_gpus}x{p.gpu.name}" for p in self.pools)
+        servers = [f"{self.servers}xserver" + (f"@{self.server_bandwidth / 1e9:g}" if self.server_bandwidth else "")] \
+            if self.servers else []
+        return "+".join([f"{p.n_gpus}x{p.gpu.name}" for p in self.pools] + servers)
+
+    @property
+    def server_capacity(self) -> float:
+        """All server machines' scale-out bandwidth together, each direction (bytes/s)."""
+        return self.servers * (self.server_bandwidth or self.pools[0].gpu.nic_bandwidth)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from meshplan.errors import SpecError
+from meshplan.spec.plan import DP_SYNCS
 
 KERNEL_LIBRARIES = ("nvidia", "pytorch")
 SHARDINGS = ("none", "megatron_dist_opt", "fsdp2", "fsdp1", "deepspeed_zero")
@@ -29,7 +30,7 @@ BEHAVIOUR_FIELDS = ("kernel_library", "fused_kernels", "eager_dtensor", "flash_a
                     "optimizer_dtype", "default_micro_batch", "shards_experts", "fp8_linear", "fp8_params")
 """The fields that change a prediction (a recipe or a CLI flag may override them); the rest describe the preset."""
 CAPABILITY_FIELDS = ("tensor_parallel", "context_parallel", "expert_parallel", "schedules", "max_zero_with_pp",
-                     "recompute_modes")
+                     "recompute_modes", "dp_syncs")
 """What layouts the stack can run at all: the search stays inside them and a plan outside them is refused."""
 
 
@@ -125,6 +126,9 @@ class FrameworkProfile:
     """Highest ZeRO stage it combines with pipeline parallelism (DeepSpeed's pipeline engine: 1)."""
     recompute_modes: tuple[str, ...] = RECOMPUTE_MODES
     """Recompute modes it offers (``none``, ``selective``, ``full``)."""
+    dp_syncs: tuple[str, ...] = ("allreduce", "reduce_scatter")
+    """How it synchronises data-parallel gradients (``meshplan.spec.plan.DP_SYNCS``): NCCL all-reduce and ZeRO's
+    reduce-scatter for the collective stacks, ``ps`` for a parameter server (BytePS)."""
     sources: dict = field(default_factory=dict, compare=False, hash=False)
     """Field name -> the public source of its value (file and version)."""
 
@@ -142,7 +146,8 @@ class FrameworkProfile:
                      "tp_comm_overlap_supported", "fused_optimizer", "shards_experts", "fp8_params"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"framework.{name}", getattr(self, name), "must be true or false")
-        for name, opts in (("context_parallel", CP_KINDS), ("recompute_modes", RECOMPUTE_MODES)):
+        for name, opts in (("context_parallel", CP_KINDS), ("recompute_modes", RECOMPUTE_MODES),
+                           ("dp_syncs", DP_SYNCS)):
             bad = [v for v in getattr(self, name) if v not in opts]
             if bad:
                 raise SpecError(f"framework.{name}", bad, f"entries must be among {', '.join(opts)}")
@@ -151,6 +156,14 @@ class FrameworkProfile:
         if self.tp_comm_overlap and not self.tp_comm_overlap_supported:
             raise SpecError("framework.tp_comm_overlap", True,
                             f"{self.name} cannot overlap TP communication (tp_comm_overlap_supported = false)")
+
+    def sync_for(self, zero: int) -> str:
+        """The ``Plan.dp_sync`` a search gives a leaf of ZeRO stage ``zero`` under this stack: empty when the
+        stage's own collective is among ``dp_syncs``, else the parameter server where the stack has one."""
+        own = "allreduce" if zero == 0 else "reduce_scatter"
+        if own in self.dp_syncs or zero or "ps" not in self.dp_syncs:
+            return ""
+        return "ps"
 
     def with_(self, **changes) -> "FrameworkProfile":
         """A copy with some behaviour changed (a recipe's or a flag's), validated again; the name stays."""

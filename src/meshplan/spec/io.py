@@ -171,14 +171,32 @@ def model_from_dict(d: dict, where: str = "model") -> ModelSpec:
 def parse_gpus(text: str, gpu_lookup) -> ClusterSpec:
     """Shorthand ``1024xa100-80gb`` or ``32xa100-80gb+32xh100-sxm``; ``gpu_lookup(name)`` resolves names or
     hardware-profile paths."""
-    pools = []
+    pools, servers, server_bw = [], 0, 0.0
     for part in text.split("+"):
         count, sep, name = part.strip().partition("x")
         if not sep or not count.isdigit() or int(count) < 1 or not name:
-            raise SpecError("--gpus", text, "expected COUNTxGPU[+COUNTxGPU...], e.g. 1024xa100-80gb")
+            raise SpecError("--gpus", text, "expected COUNTxGPU[+COUNTxGPU...][+COUNTxserver[@GB/s]], e.g. "
+                            "1024xa100-80gb")
+        if name.split("@")[0] == "server":
+            servers, server_bw = int(count), _server_rate(name, text)
+            continue
         gpu = gpu_lookup(name)
         pools.append(Pool(gpu=gpu, n_gpus=int(count), gpus_per_node=min(gpu.gpus_per_node, int(count))))
-    return ClusterSpec(pools=tuple(pools), name=text)
+    if not pools:
+        raise SpecError("--gpus", text, "names no GPUs (CPU servers serve GPU workers), e.g. 64xa100-40gb+8xserver")
+    return ClusterSpec(pools=tuple(pools), name=text, servers=servers, server_bandwidth=server_bw)
+
+
+def _server_rate(name: str, text: str) -> float:
+    """``server`` (one NIC of the GPU's rate: 0) or ``server@GB/s``."""
+    _, _, rate = name.partition("@")
+    try:
+        value = float(rate) if rate else 0.0
+    except ValueError:
+        value = -1.0
+    if value < 0 or (rate and value == 0):
+        raise SpecError("--gpus", text, "a server's rate is COUNTxserver@GB/s with a positive GB/s, e.g. 8xserver@12.5")
+    return value * 1e9
 
 
 def _level(d: dict, where: str) -> NetworkLevel:
@@ -192,7 +210,7 @@ def cluster_from_dict(d: dict, gpu_lookup, where: str = "cluster") -> ClusterSpe
     ``[[pools.levels]]`` (name, span, per-GPU unidirectional bandwidth_gb_s, latency_us) and an optional
     ``[derating]`` table: ``gpus = [[17, 0.6]]`` (GPU id, fraction of rated compute) and ``links = [[3, 0.25]]``
     (scale-up domain, fraction of rated scale-out bandwidth)."""
-    check_keys(where, d, {"name", "pools", "inter_pool_gb_s", "derating"}, ("pools",))
+    check_keys(where, d, {"name", "pools", "inter_pool_gb_s", "derating", "servers"}, ("pools",))
     pools = []
     for i, p in enumerate(d["pools"]):
         w = f"{where}.pools[{i}]"
@@ -201,8 +219,24 @@ def cluster_from_dict(d: dict, gpu_lookup, where: str = "cluster") -> ClusterSpe
         levels = tuple(_level(lv, f"{w}.levels[{j}]") for j, lv in enumerate(p.get("levels", [])))
         pools.append(Pool(gpu=gpu, n_gpus=int(p["n_gpus"]),
                           gpus_per_node=int(p.get("gpus_per_node", gpu.gpus_per_node)), levels=levels))
+    count, bw = _servers(d.get("servers", {}), where)
     return ClusterSpec(pools=tuple(pools), name=d.get("name", ""), derating=_derating(d.get("derating", {}), where),
-                       inter_pool_bandwidth=float(d.get("inter_pool_gb_s", 0.0)) * 1e9)
+                       inter_pool_bandwidth=float(d.get("inter_pool_gb_s", 0.0)) * 1e9, servers=count,
+                       server_bandwidth=bw)
+
+
+def _servers(d: dict, where: str) -> tuple[int, float]:
+    """A ``[servers]`` table: ``count`` CPU machines, each with ``bandwidth_gb_s`` of scale-out bandwidth."""
+    w = f"{where}.servers"
+    if not isinstance(d, dict):
+        raise SpecError(w, d, "must be a table with count and optionally bandwidth_gb_s")
+    check_keys(w, d, {"count", "bandwidth_gb_s"}, ())
+    count, bw = d.get("count", 0), d.get("bandwidth_gb_s", 0.0)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise SpecError(f"{w}.count", count, "must be a whole number of CPU machines >= 0")
+    if not isinstance(bw, (int, float)) or bw < 0:
+        raise SpecError(f"{w}.bandwidth_gb_s", bw, "must be a bandwidth in GB/s >= 0 (0 = one NIC of the GPU's rate)")
+    return count, float(bw) * 1e9
 
 
 def _derating(d: dict, where: str) -> Derating:

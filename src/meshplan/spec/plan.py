@@ -14,6 +14,8 @@ from meshplan.spec.schedules import check_schedule_name
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 CP_KINDS = ("ring", "a2a")
+DP_SYNCS = ("allreduce", "reduce_scatter", "ps")
+"""How data-parallel replicas synchronise gradients (``meshplan.cost.dp_sync`` prices each)."""
 AXES = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
 DEFAULT_FRAMEWORK = "megatron-core"
@@ -80,6 +82,10 @@ class Plan:
     count (HSDP's replica groups, zero 0's replicas); what they lack is kept in GPU memory on peers in other
     domains and refreshed after each optimizer step (Gemini, SOSP'23, keeps such copies in peer CPU memory;
     ``shared/notes/elastic.md`` sec. 5.3). 0 = none kept on purpose."""
+    dp_sync: str = ""
+    """How data-parallel replicas synchronise gradients (``DP_SYNCS``): ``allreduce`` (ring all-reduce),
+    ``reduce_scatter`` (ZeRO's reduce-scatter and all-gather), ``ps`` (a sharded parameter server on the cluster's
+    CPU server machines, BytePS); empty = the collective the ZeRO stage implies (``sync``)."""
     batch_shares: tuple[int, ...] = ()
     """Mixed clusters: micro-batches per step of each data-parallel replica, per pool in cluster order (every
     replica on pool i runs ``batch_shares[i]``; global_batch = sum_i replicas_i * share_i * micro_batch);
@@ -104,6 +110,14 @@ class Plan:
             raise SpecError("plan.batch_shares", self.batch_shares,
                             "micro-batches per replica must be integers >= 1 (leave a pool out to idle it)")
         check_schedule_name(self.schedule)
+        if self.dp_sync and self.dp_sync not in DP_SYNCS:
+            raise SpecError("plan.dp_sync", self.dp_sync, f"must be one of {', '.join(DP_SYNCS)} (or empty)")
+        if self.dp_sync in ("allreduce", "reduce_scatter") and (self.dp_sync == "allreduce") != (self.zero == 0):
+            raise SpecError("plan.dp_sync", self.dp_sync, "all-reduce goes with zero 0 and reduce-scatter with zero "
+                            f"1-3; this plan has zero {self.zero} (leave dp_sync empty for the stage's own)")
+        if self.dp_sync == "ps" and self.zero:
+            raise SpecError("plan.dp_sync", self.dp_sync, "a parameter server returns whole summed gradients "
+                            f"(BytePS's push-pull): use zero 0, not {self.zero}")
         if not isinstance(self.framework, str) or not self.framework:
             raise SpecError("plan.framework", self.framework, "must name a software-stack profile")
         if self.layer_split and any(x < 0 for x in self.layer_split):
@@ -118,6 +132,12 @@ class Plan:
         if self.zero and self.zero_group == 1:
             object.__setattr__(self, "zero", 0)
             object.__setattr__(self, "dp_shard", 0)
+
+    @property
+    def sync(self) -> str:
+        """The gradient synchronisation, resolving the empty default: all-reduce for zero 0, reduce-scatter and
+        all-gather for ZeRO 1-3."""
+        return self.dp_sync or ("allreduce" if self.zero == 0 else "reduce_scatter")
 
     @property
     def act_bytes(self) -> float:
