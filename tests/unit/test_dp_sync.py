@@ -138,3 +138,26 @@ def test_planner_proposes_ps_only_under_a_stack_that_has_it():
     assert best.plan.dp_sync == "ps" and best.plan.dp == 64
     other = search(model, weak_cluster(), replace(req, framework=catalog.framework("torchtitan")))
     assert all(rp.plan.sync != "ps" for rp in other.plans)
+
+
+def test_plan_file_keeps_the_cluster_file(tmp_path, capsys):
+    """A plan made on a cluster file (custom levels, servers) names that file, so estimate --plan prices the same
+    network (the shorthand would fall back to the catalog GPU's links)."""
+    import tomli_w
+
+    from meshplan.cli import main
+    from meshplan.spec.io import read_plan_file
+
+    cfile = tmp_path / "weak.toml"
+    cfile.write_text(tomli_w.dumps(WEAK))
+    out = tmp_path / "ps.toml"
+    assert main(["plan", "--model", "llama3.2-1b", "--gpus", str(cfile), "--global-batch", "64", "--seq-len", "2048",
+                 "--framework", "byteps", "--out", str(out)]) == 0
+    plan, refs = read_plan_file(out)
+    assert refs["cluster"] == str(cfile.resolve()) and plan.dp_sync == "ps"
+    capsys.readouterr()
+    assert main(["estimate", "--plan", str(out), "--json"]) == 0
+    import json
+
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["step_time_s"] == pytest.approx(estimate(catalog.model("llama3.2-1b"), weak_cluster(), plan).step_time)

@@ -90,7 +90,10 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
         return NOTHING_FITS_EXIT
     if out:
         win = result.best
+        source = cluster_file or (gpus if gpus and Path(gpus).is_file() else "")
+        whole = source and win.cluster.n_gpus == cluster.n_gpus and len(win.cluster.pools) == len(cluster.pools)
         Path(out).write_text(plan_file_text(win.plan, model=model_ref, gpus=win.cluster.describe(),
+                                            cluster=str(Path(source).resolve()) if whole else "",
                                             framework=stack_changes(request.framework),
                                             predicted={"step_time_s": win.step_time,
                                                        "peak_memory_gib": win.best.peak_memory / 2**30,

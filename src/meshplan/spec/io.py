@@ -295,15 +295,18 @@ def read_plan_file(path: str | Path) -> tuple[Plan, dict]:
 
 
 def plan_file_text(plan: Plan, *, model: str = "", gpus: str = "", framework: dict | None = None,
-                   predicted: dict | None = None) -> str:
+                   predicted: dict | None = None, cluster: str = "") -> str:
     """TOML text of a plan file that read_plan_file reads back; ``framework``: the stack settings that differ
-    from the preset the plan names (``FrameworkProfile.changes_from``)."""
+    from the preset the plan names (``FrameworkProfile.changes_from``); ``cluster``: a cluster file the plan
+    runs on (its levels, derating and servers, which the ``gpus`` shorthand cannot carry)."""
     import tomli_w
 
     doc: dict = {}
     if model:
         doc["model"] = model
-    if gpus:
+    if cluster:
+        doc["cluster"] = cluster
+    elif gpus:
         doc["gpus"] = gpus
     doc["plan"] = plan.to_dict()
     if framework:
