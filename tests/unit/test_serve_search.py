@@ -193,15 +193,16 @@ def test_serve_cli_exit_codes():
     assert miss.returncode == 4 and "NOTHING MEETS THE SLOs" in miss.stdout and "looser SLO" in miss.stdout
 
 
-def test_regimes_pick_tp_for_latency_and_replicas_for_throughput():
+def test_regimes_pick_tp_for_latency_and_pp_or_replicas_for_throughput():
     # The dense-LLM deployment study's rule: a tight per-token SLO at low load wants the widest TP; an offline
-    # (throughput) load wants the narrowest layout that holds the model, replicated over every GPU.
+    # (throughput) load wants PP or replicas over every GPU, not one wide TP group (issue 14). On 8 H100 tp2 x pp4
+    # and two tp4 replicas are within 10 %: pipelining keeps one copy of the weights, so more KV cache.
     latency = search(_request(work=Workload(input_len=1000, output_len=200, concurrency=1), slo=Slo(tpot=0.015)))
     assert latency.best.plan.tp == 8 and latency.best.plan.replicas == 1
     assert any(c.plan.tp == 4 and "TPOT" in " ".join(c.misses) for c in latency.candidates)  # tp4 is too slow
     offline = search(_request(work=Workload(input_len=1000, output_len=1000), slo=Slo(tpot=0.1), disagg="off"))
     best = offline.best
-    assert best.plan.tp * best.plan.pp == 4 and best.plan.replicas == 2 and best.gpus == 8
+    assert best.plan.tp < 8 and (best.plan.pp > 1 or best.plan.replicas > 1) and best.gpus == 8
     assert best.pred.limited_by in ("kv cache", "max_num_seqs")
 
 

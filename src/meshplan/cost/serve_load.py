@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.cost.serve_chunked import chunked_state
 from meshplan.cost.serve_step import (
     GiB,
     StepContext,
@@ -142,7 +143,12 @@ def prompts_per_step(ctx: StepContext, work: Workload, resident: int) -> int:
 
 def steady_state(ctx: StepContext, work: Workload, resident: int) -> tuple[float, float, float, float]:
     """(decode step, prefill step, cycle, token time) with ``resident`` requests on one replica: each prompt
-    costs its share of a prefill step of ``prompts_per_step`` prompts."""
+    costs its share of a prefill step of ``prompts_per_step`` prompts; an engine that prefills in chunks beside
+    the decodes runs mixed iterations instead (``serve_chunked``), so the prefill's time is what one prompt's
+    iterations take to its first token."""
+    if ctx.engine.chunked_prefill:
+        st = chunked_state(ctx, work, resident)
+        return st.t_decode, st.first, resident * work.output_len * st.iteration / st.decoding, st.iteration
     k = prompts_per_step(ctx, work, resident)
     t_p = mean_prefill(ctx, work, prompts=k)
     t_d = decode_time(ctx, batch=resident, context=work.mean_context)
@@ -170,7 +176,7 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
     t_d, t_p, cycle, tpot = steady_state(ctx, work, resident)
     x_req = resident / cycle  # requests/s of one replica
     service = t_p + t_d / 2 + (work.output_len - 1) * tpot
-    k = prompts_per_step(ctx, work, resident)
+    k = 1 if ctx.engine.chunked_prefill else prompts_per_step(ctx, work, resident)
     wait, fixed, prob = _wait(ctx, work, replicas, resident=resident, cap=cap, x_req=x_req, service=service,
                               t_p=t_p, k=k)
     ttft = wait + t_p + t_d / 2 + ctx.request_s
@@ -192,15 +198,16 @@ def mean_prefill(ctx: StepContext, work: Workload, prompts: int = 1) -> float:
 
 def prefill_stall(ctx: StepContext, work: Workload, *, resident: int, t_p: float,
                   k: int = 1) -> tuple[float, float]:
-    """(extra time, share of decode steps) of the steps that carry a prefill: a whole prompt, or with chunked
-    prefill a chunk of max_batched_tokens shared by more steps (Sarathi-Serve, Agrawal et al. OSDI'24). Their
-    mean, share x time, is the (R - 1) t_p / (k O) that ``steady_state`` adds to every token (k prompts per
-    prefill step)."""
+    """(extra time, share of decode steps) of the steps that carry a prefill: a whole prompt step, whose mean,
+    share x time, is the (R - 1) t_p / (k O) that ``steady_state`` adds to every token (k prompts per prefill
+    step); with chunked prefill the mixed iterations of ``serve_chunked`` (Sarathi-Serve, Agrawal et al.
+    OSDI'24)."""
     if resident <= 1:
         return 0.0, 0.0
-    chunk = min(1.0, ctx.engine.max_batched_tokens / work.input_len) if ctx.engine.chunked_prefill else 1.0
-    stall = t_p * chunk
-    return stall, min((resident - 1) * t_p / k / (work.output_len * stall), 1.0)
+    if ctx.engine.chunked_prefill:
+        st = chunked_state(ctx, work, resident)
+        return st.t_mixed - st.t_decode, st.share
+    return t_p, min((resident - 1) / k / work.output_len, 1.0)
 
 
 def _wait(ctx: StepContext, work: Workload, replicas: int, *, resident: int, cap: int, x_req: float,

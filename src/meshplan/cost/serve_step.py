@@ -292,6 +292,39 @@ def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:
     return pp * (slowest + launches) + (pp - 1) * _p2p(ctx, micro) + ctx.step_host_s
 
 
+def mixed_time(ctx: StepContext, *, batch: int, context: float, chunk: int, seq: int) -> float:
+    """Seconds of one iteration that decodes ``batch`` running sequences (mean ``context`` cached tokens) and
+    prefills a chunk of ``chunk`` prompt tokens of ``seq``-token prompts in the same forward pass (chunked prefill,
+    in-flight batching; Sarathi-Serve, Agrawal et al. OSDI'24 sec. 4, piggybacked decodes): the GEMMs run once on
+    both sets of rows, so the decodes' weight reads hide under the chunk's compute; attention is the chunk's share
+    of its prompts' causal attention plus the decodes' KV reads. A mixed batch replays no CUDA graph (vLLM's
+    model runner and TRT-LLM capture decode-only batches), so its kernels are launched one by one: asynchronously,
+    so the launches bound a stage only when they outlast its kernels."""
+    pp = ctx.plan.pp
+    micro, part = max(-(-batch // pp), 0), max(-(-chunk // pp), 1)
+    stages = stage_blocks(ctx.model, pp)
+    slowest = max(_mixed_stage(ctx, blocks, decode=micro, context=context, chunk=part, seq=seq,
+                               last=i == len(stages) - 1) for i, blocks in enumerate(stages))
+    return pp * max(slowest, _eager_launches(ctx)) + (pp - 1) * _p2p(ctx, micro + part) + ctx.step_host_s
+
+
+def _mixed_stage(ctx: StepContext, blocks: list[BlockSpec], *, decode: int, context: float, chunk: int, seq: int,
+                 last: bool) -> float:
+    """One stage of ``mixed_time``: every part of a layer on all rows, its attention split into the chunk's causal
+    share and the decodes' KV reads (memoised per distinct layer)."""
+    memo: dict[int, float] = {}
+    t = 0.0
+    for b in blocks:
+        if id(b) not in memo:
+            rows = layer_parts(ctx, b.layer, tokens=decode + chunk, seq=seq, kv_tokens=0.0)
+            own = layer_parts(ctx, b.layer, tokens=chunk, seq=seq, kv_tokens=0.0)["attention"]
+            kv = layer_parts(ctx, b.layer, tokens=decode, seq=int(context),
+                             kv_tokens=decode * context)["attention"] if decode else 0.0
+            memo[id(b)] = sum(rows.values()) - rows["attention"] + own + kv
+        t += memo[id(b)]
+    return t + (_head_time(ctx, decode + 1) if last else 0.0)
+
+
 def _eager_launches(ctx: StepContext) -> float:
     """Kernel launches a stage issues when its batch is above the largest CUDA graph (each op one launch gap)."""
     plan = _probe(ctx, 1)

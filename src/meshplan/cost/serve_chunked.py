@@ -1,0 +1,64 @@
+"""The steady state of an engine that prefills in chunks beside the running decodes (``EngineProfile.
+chunked_prefill``: vLLM and SGLang chunked prefill, TensorRT-LLM in-flight batching with chunked context).
+
+Every iteration decodes the ``n_d`` running sequences and, to replace the ``n_d / O`` of them that finish, must
+prefill ``n_d I / O`` prompt tokens on average. A prompt rides in an iteration's spare token budget
+(``max_batched_tokens`` less the decodes), whole when it fits, in chunks when not, several together when the
+demand is larger than one prompt; the iterations that carry one are ``mixed_time`` long (the decodes' weight
+reads hide under the chunk's GEMMs: Sarathi-Serve, Agrawal et al. OSDI'24), the others decode only. The budget
+caps the decoding set at ``B O / (O + I)``: beyond it the prefills cannot keep up (trtllm-bench sizes
+``max_num_tokens`` as batch x (1 + ISL/OSL) for the same reason: tensorrt_llm/bench/build/tuning.py
+``finetune_setting``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.cost.serve_step import StepContext, decode_time, mixed_time
+from meshplan.spec.serving import Workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkedState:
+    """One replica's iterations in steady state (s)."""
+
+    decoding: int
+    """Sequences decoding in every iteration."""
+    chunk: int
+    """Prompt tokens a mixed iteration carries."""
+    share: float
+    """Share of iterations that carry prompt tokens."""
+    t_decode: float
+    """A decode-only iteration."""
+    t_mixed: float
+    """An iteration carrying a chunk."""
+    first: float
+    """The iterations that prefill one prompt, to its first token."""
+
+    @property
+    def iteration(self) -> float:
+        """The mean iteration: every running sequence's time per output token."""
+        return self.share * self.t_mixed + (1.0 - self.share) * self.t_decode
+
+
+def chunked_state(ctx: StepContext, work: Workload, resident: int) -> ChunkedState:
+    """The steady state with ``resident`` requests on one replica (see the module docstring)."""
+    budget = ctx.engine.max_batched_tokens
+    bins = work.bins("input")
+    mean_in = sum(p * n for n, p in bins)
+    # A chunk's tokens come from prompts in proportion to their length and each attends to its own prefix, so the
+    # causal attention of the mix is that of prompts of E[I^2] / E[I] tokens.
+    seq = max(int(round(sum(p * n * n for n, p in bins) / max(mean_in, 1e-9))), 1)
+    out = max(work.output_len, 1)
+    n_d = max(1, min(resident, int(budget * out / (out + mean_in))))
+    room = max(budget - n_d, 1)
+    need = n_d * mean_in / out
+    chunk = max(1, int(min(room, max(need, mean_in))))
+    share = min(need / chunk, 1.0)
+    context = work.mean_context
+    t_mixed = mixed_time(ctx, batch=n_d, context=context, chunk=chunk, seq=seq)
+    # A prompt longer than the room rides in I / room iterations' worth of full chunks (its last one partial).
+    first = max(mean_in / room, 1.0) * t_mixed
+    return ChunkedState(decoding=n_d, chunk=chunk, share=share, t_decode=decode_time(ctx, batch=n_d, context=context),
+                        t_mixed=t_mixed, first=first)
