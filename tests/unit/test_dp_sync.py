@@ -161,3 +161,19 @@ def test_plan_file_keeps_the_cluster_file(tmp_path, capsys):
 
     doc = json.loads(capsys.readouterr().out)
     assert doc["step_time_s"] == pytest.approx(estimate(catalog.model("llama3.2-1b"), weak_cluster(), plan).step_time)
+
+
+def test_plan_says_whether_a_parameter_server_would_win():
+    from meshplan.cli.plan import ps_alternative
+
+    model = catalog.model("llama3.2-1b")
+    req = SearchRequest(global_batch=64, seq_len=2048, framework=catalog.framework("torchtitan"))
+    result = search(model, weak_cluster(), req)
+    alt = ps_alternative(model, weak_cluster(), req, result)
+    # torchtitan's winner avoids the slow network (context and pipeline parallelism, FSDP inside nodes); the
+    # parameter server needs data parallelism over every GPU, 0.62 s against about 0.16 s.
+    assert alt["plan"]["dp_sync"] == "ps" and alt["step_time_s"] > result.best.step_time
+    assert "no faster" in alt["text"]
+    assert ps_alternative(model, weak_cluster(servers=0), req, result) is None
+    byteps = replace(req, framework=catalog.framework("byteps"))
+    assert ps_alternative(model, weak_cluster(), byteps, search(model, weak_cluster(), byteps)) is None

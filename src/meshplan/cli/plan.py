@@ -45,6 +45,40 @@ def _prices(text: str) -> dict:
     return out
 
 
+PS_STACK = "byteps"
+"""The stack a parameter-server comparison plans under (the catalog's one with ``dp_syncs = ["ps"]``)."""
+
+
+def ps_alternative(model, cluster, request, result) -> dict | None:
+    """When the cluster declares CPU servers and the request's stack cannot push to them: the best layout of the
+    parameter-server stack on the same GPUs, and whether it beats the winner (the model saying when a parameter
+    server would win); None otherwise, or when that stack runs nothing the request allows."""
+    from dataclasses import replace
+
+    from meshplan import catalog
+    from meshplan.errors import MeshplanError
+    from meshplan.search import search
+
+    if not cluster.servers or "ps" in request.framework.dp_syncs or result.best is None:
+        return None
+    try:
+        alt = search(model, cluster, replace(request, framework=catalog.framework(PS_STACK), max_memory_fraction=None))
+    except MeshplanError:
+        return None
+    if alt.best is None:
+        return {"framework": PS_STACK, "plan": None, "step_time_s": None, "winner_step_time_s": result.best.step_time,
+                "text": f"parameter server ({cluster.servers} CPU servers, {PS_STACK}): no layout fits "
+                        f"({PS_STACK} runs data parallelism only, without ZeRO)"}
+    from meshplan.report.layout import layout_short
+
+    ps, win = alt.best.step_time, result.best.step_time
+    verdict = (f"{win / ps:.2f}x faster than the winner: the servers pay on this network" if ps < win else
+               f"no faster than the winner's {win:.3f} s")
+    return {"framework": PS_STACK, "plan": alt.best.plan.to_dict(), "step_time_s": ps, "winner_step_time_s": win,
+            "text": f"parameter server ({cluster.servers} CPU servers, {PS_STACK}): {layout_short(alt.best.plan)} "
+                    f"steps {ps:.3f} s, {verdict}"}
+
+
 def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: bool, out: str) -> int:
     """Search, print, optionally write the winner; returns the exit status."""
     from rich.progress import Progress
@@ -82,10 +116,13 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
         task = bar.add_task("searching", total=None)
         result = search(model, cluster, request,
                         progress=lambda done, total: bar.update(task, completed=done, total=total))
+    ps = ps_alternative(model, cluster, request, result)
     if as_json:
-        print_json(result_json(result))
+        print_json({**result_json(result), **({"parameter_server": ps} if ps else {})})
     else:
         sys.stdout.write(render_text(result, width=term_width()))
+        if ps:
+            sys.stdout.write(ps["text"] + "\n")
     if result.best is None:
         return NOTHING_FITS_EXIT
     if out:
