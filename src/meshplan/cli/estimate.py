@@ -107,7 +107,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def estimate(
         model: Optional[str] = typer.Option(None, "--model", help="Catalog name, model TOML or HF config.json."),
-        gpus: Optional[str] = typer.Option(None, "--gpus", help="e.g. 1024xa100-80gb or 32xa100-80gb+32xh100-sxm."),
+        gpus: Optional[str] = typer.Option(None, "--gpus", help="e.g. 1024xa100-80gb or 32xa100-80gb+32xh100-sxm"
+                                 "; +8xserver[@GB/s] adds CPU parameter servers."),
         cluster: Optional[str] = typer.Option(None, "--cluster", help="Cluster TOML file."),
         plan: Optional[str] = typer.Option(None, "--plan", help="Plan TOML file (flags override it)."),
         tp: Optional[int] = typer.Option(None, help="Tensor-parallel degree (default 1)."),

@@ -145,7 +145,8 @@ def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan(
         model: str = typer.Option(..., "--model", help="Model: catalog name, model file or HF config.json."),
-        gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 1024xa100-80gb or 32xa100-80gb+32xh100-sxm."),
+        gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 1024xa100-80gb or 32xa100-80gb+32xh100-sxm"
+                                 "; +8xserver[@GB/s] adds CPU parameter servers."),
         cluster: str = typer.Option("", "--cluster", help="Cluster file (pools of GPUs and their network)."),
         global_batch: int = typer.Option(..., "--global-batch", help="Sequences per optimizer step."),
         seq_len: int = typer.Option(..., "--seq-len", help="Tokens per sequence."),
