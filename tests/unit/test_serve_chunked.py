@@ -63,3 +63,12 @@ def test_an_engine_without_chunked_prefill_keeps_whole_prompt_steps():
     t_d, t_p, cycle, tpot = steady_state(ctx, work, 64)
     assert t_d == decode_time(ctx, batch=64, context=work.mean_context)
     assert tpot == pytest.approx(t_d + 63 * t_p / 1000)  # (R - 1) prefill steps spread over O tokens
+
+
+def test_under_pp_every_batch_in_flight_has_the_budget():
+    eng = replace(catalog.engine("trtllm-0.17"), max_batched_tokens=4096)
+    work = Workload(input_len=2048, output_len=128)
+    for pp in (1, 2, 4):
+        plan = ServePlan(tp=2, pp=pp, precision="fp8", kv_dtype="fp8", engine=eng.name)
+        st = chunked_state(step_context(MODEL, POOL, plan, eng, load_constants()), work, resident=4000)
+        assert st.decoding == int(pp * 4096 * 128 / (128 + 2048))

@@ -6,7 +6,7 @@ prefill ``n_d I / O`` prompt tokens on average. A prompt rides in an iteration's
 (``max_batched_tokens`` less the decodes), whole when it fits, in chunks when not, several together when the
 demand is larger than one prompt; the iterations that carry one are ``mixed_time`` long (the decodes' weight
 reads hide under the chunk's GEMMs: Sarathi-Serve, Agrawal et al. OSDI'24), the others decode only. The budget
-caps the decoding set at ``B O / (O + I)``: beyond it the prefills cannot keep up (trtllm-bench sizes
+caps the decoding set at ``B O / (O + I)`` (B per batch in flight): beyond it the prefills cannot keep up (trtllm-bench sizes
 ``max_num_tokens`` as batch x (1 + ISL/OSL) for the same reason: tensorrt_llm/bench/build/tuning.py
 ``finetune_setting``).
 """
@@ -44,7 +44,9 @@ class ChunkedState:
 
 def chunked_state(ctx: StepContext, work: Workload, resident: int) -> ChunkedState:
     """The steady state with ``resident`` requests on one replica (see the module docstring)."""
-    budget = ctx.engine.max_batched_tokens
+    # Under PP, pp batches are in flight at once, each scheduled with the whole token budget (vLLM V1:
+    # max_concurrent_batches = pipeline_parallel_size, EngineCore.step_with_batch_queue).
+    budget = ctx.engine.max_batched_tokens * ctx.plan.pp
     bins = work.bins("input")
     mean_in = sum(p * n for n, p in bins)
     # A chunk's tokens come from prompts in proportion to their length and each attends to its own prefix, so the
