@@ -6,9 +6,9 @@ prefill ``n_d I / O`` prompt tokens on average. A prompt rides in an iteration's
 (``max_batched_tokens`` less the decodes), whole when it fits, in chunks when not, several together when the
 demand is larger than one prompt; the iterations that carry one are ``mixed_time`` long (the decodes' weight
 reads hide under the chunk's GEMMs: Sarathi-Serve, Agrawal et al. OSDI'24), the others decode only. The budget
-caps the decoding set at ``B O / (O + I)`` (B per batch in flight): beyond it the prefills cannot keep up (trtllm-bench sizes
-``max_num_tokens`` as batch x (1 + ISL/OSL) for the same reason: tensorrt_llm/bench/build/tuning.py
-``finetune_setting``).
+caps the decoding set at ``B O / (O + I)`` (B per batch in flight): beyond it the prefills cannot keep up
+(trtllm-bench sizes ``max_num_tokens`` as batch x (1 + ISL/OSL) for the same reason:
+tensorrt_llm/bench/build/tuning.py ``finetune_setting``).
 """
 
 from __future__ import annotations
