@@ -177,3 +177,25 @@ def test_plan_says_whether_a_parameter_server_would_win():
     assert ps_alternative(model, weak_cluster(servers=0), req, result) is None
     byteps = replace(req, framework=catalog.framework("byteps"))
     assert ps_alternative(model, weak_cluster(), byteps, search(model, weak_cluster(), byteps)) is None
+
+
+def test_bad_dp_sync_and_server_flags_get_one_line(capsys):
+    from meshplan.cli import main
+
+    base = ["estimate", "--model", "llama3.2-1b", "--global-batch", "64", "--seq-len", "2048", "--dp", "64"]
+    assert main(base + ["--gpus", "64xa100-40gb", "--dp-sync", "pss"]) == 2
+    assert "dp_sync" in capsys.readouterr().err
+    assert main(base + ["--gpus", "64xa100-40gb+8xserver@fast"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "server" in err
+
+
+def test_a_pinned_memory_limit_holds_for_the_parameter_server_comparison():
+    from meshplan.cli.plan import ps_alternative
+
+    model = catalog.model("llama3.2-1b")
+    req = SearchRequest(global_batch=64, seq_len=2048, framework=catalog.framework("torchtitan"),
+                        max_memory_fraction=0.1)
+    result = search(model, weak_cluster(), replace(req, max_memory_fraction=0.8))
+    alt = ps_alternative(model, weak_cluster(), req, result)
+    assert alt["plan"] is None  # dp64 z0 needs ~25 GiB, over 10 % of 40 GB: the pin is kept, nothing fits

@@ -61,8 +61,11 @@ def ps_alternative(model, cluster, request, result) -> dict | None:
 
     if not cluster.servers or "ps" in request.framework.dp_syncs or result.best is None:
         return None
+    # A pinned memory limit holds for the comparison too; the stack's own limit is re-derived for its stack.
+    pinned = request.memory_limit_why == "pinned"
+    limit = {} if pinned else {"max_memory_fraction": None, "memory_limit_why": ""}
     try:
-        alt = search(model, cluster, replace(request, framework=catalog.framework(PS_STACK), max_memory_fraction=None))
+        alt = search(model, cluster, replace(request, framework=catalog.framework(PS_STACK), **limit))
     except MeshplanError:
         return None
     if alt.best is None:
