@@ -311,8 +311,8 @@ def test_zero2_reduce_scatters_every_micro_batch():
     from meshplan.spec.cluster import GroupLink
 
     calib = Calibration(sync_s=0.0)
-    link = GroupLink(level="fabric", bandwidth=25e9, latency=8e-6)
-    links = type("L", (), {"dp_shard": link, "dp": link, "dp_replicate": link, "dp_machines": 2, "servers": None})()
+    link = GroupLink(level="fabric", bandwidth=25e9, latency=8e-6, machines=2)
+    links = type("L", (), {"dp_shard": link, "dp": link, "dp_replicate": link, "servers": None})()
     plan = Plan(global_batch=64, seq_len=2048, micro_batch=1, dp=16, zero=2)
     assert plan.n_micro == 4
     blocking = MEGATRON.with_(overlap_grad_reduce=False, overlap_param_gather=False)

@@ -66,8 +66,6 @@ class Links:
     """HSDP replica group."""
     pp: GroupLink
     """Neighbouring pipeline stages."""
-    dp_machines: int = 1
-    """Scale-up domains (GPU machines) one dp x cp group spans."""
     servers: float | None = None
     """Parameter-server bandwidth the cluster's CPU machines offer all groups together, each direction (bytes/s;
     ``ClusterSpec.server_capacity``); None = not known here (search bounds: as if unlimited, which only lowers
@@ -90,15 +88,4 @@ def plan_links(plan: Plan, pool: Pool, *, servers: float | None = None) -> Links
         # Expert layers regroup tp x cp x dp as etp-ep-edp (Megatron MoE layout): ep members are etp apart.
         ep=link(plan.ep, plan.etp),
         dp=link(plan.dp * plan.cp, dpcp_stride), dp_shard=link(plan.zero_group, dpcp_stride),
-        dp_replicate=link(plan.dp // max(shard, 1), st["dp"] * shard), pp=link(2, st["pp"]),
-        dp_machines=_machines(pool, plan.dp * plan.cp, dpcp_stride), servers=servers)
-
-
-def _machines(pool: Pool, size: int, stride: int) -> int:
-    """Scale-up domains a group of ``size`` ranks ``stride`` apart spans (its members per domain as in
-    ``group_link``)."""
-    span = pool.network()[0].span
-    if size <= 1 or size * stride <= span:
-        return 1
-    members = max(1, min(size, span // max(stride, 1)))
-    return -(-size // members)
+        dp_replicate=link(plan.dp // max(shard, 1), st["dp"] * shard), pp=link(2, st["pp"]), servers=servers)

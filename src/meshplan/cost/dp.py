@@ -125,7 +125,7 @@ def sync_context(plan: Plan, links: Links) -> SyncContext:
         servers = float("inf")
     else:
         servers = links.servers / max(plan.n_gpus // (plan.dp * plan.cp), 1)
-    return SyncContext(machines=links.dp_machines, servers=servers, machine_bandwidth=links.dp.bandwidth)
+    return SyncContext(machines=links.dp.machines, servers=servers, machine_bandwidth=links.dp.bandwidth)
 
 
 def reduces_every_micro(plan: Plan, stack: FrameworkProfile) -> bool:

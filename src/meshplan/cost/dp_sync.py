@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from meshplan.cost.comm import collective_time
+from meshplan.cost.comm import COLLECTIVES, collective_time
 from meshplan.errors import unknown_name
 from meshplan.spec.calibration import Calibration
 from meshplan.spec.cluster import GroupLink
@@ -78,7 +78,7 @@ def _ps(nbytes: float, *, size: int, link: GroupLink, calib: Calibration, ctx: S
     n = ctx.machines
     if n <= 1 or ring <= 0:
         return ring  # inside one machine the summation stays on its GPUs (BytePS's local reduce)
-    latency = 2 * (size - 1) * link.latency
+    latency = COLLECTIVES["all_reduce"].steps(size) * link.latency  # the ring's latency part of ``ring``
     rho = ctx.servers / max(ctx.machine_bandwidth, 1e-30)
     # One push and one pull per 4 MB partition, pipelined (BYTEPS_PARTITION_BYTES = 4096000, docs/env.md 0.2.5).
     return 2 * link.latency + (ring - latency) * ps_over_allreduce(n, rho)

@@ -207,6 +207,8 @@ class GroupLink:
     """Per-step latency (s)."""
     level: str
     """Name of the outermost network level the group crosses."""
+    machines: int = 1
+    """Scale-up domains (GPU machines) the group spans."""
 
 
 def group_link(pool: Pool, *, size: int, stride: int) -> GroupLink:
@@ -226,4 +228,4 @@ def group_link(pool: Pool, *, size: int, stride: int) -> GroupLink:
     outer = next((lv for lv in levels[1:] if lv.span >= span), levels[-1])
     members = max(1, min(size, inner.span // max(stride, 1)))
     bw = min(inner.bandwidth, members * outer.bandwidth)
-    return GroupLink(bandwidth=bw, latency=outer.latency, level=outer.name)
+    return GroupLink(bandwidth=bw, latency=outer.latency, level=outer.name, machines=-(-size // members))
