@@ -147,14 +147,19 @@ def steady_state(ctx: StepContext, work: Workload, resident: int) -> tuple[float
     the decodes runs mixed iterations instead (``serve_chunked``), so the prefill's time is what one prompt's
     iterations take to its first token."""
     if ctx.engine.chunked_prefill:
-        st = chunked_state(ctx, work, resident)
-        return st.t_decode, st.first, resident * work.output_len * st.iteration / st.decoding, st.iteration
+        return _chunked_steady(chunked_state(ctx, work, resident), work, resident)
     k = prompts_per_step(ctx, work, resident)
     t_p = mean_prefill(ctx, work, prompts=k)
     t_d = decode_time(ctx, batch=resident, context=work.mean_context)
     cycle = work.output_len * t_d + resident * t_p / k
     tpot = t_d + (resident - 1) * t_p / k / work.output_len
     return t_d, t_p, cycle, tpot
+
+
+def _chunked_steady(st, work: Workload, resident: int) -> tuple[float, float, float, float]:
+    """``steady_state``'s four figures from a chunked steady state: the resident set cycles at the pace of its
+    decoding part."""
+    return st.t_decode, st.first, resident * work.output_len * st.iteration / st.decoding, st.iteration
 
 
 def resident_under_load(ctx: StepContext, work: Workload, replicas: int, open_loop) -> tuple[int, int, str]:
@@ -173,14 +178,19 @@ def resident_under_load(ctx: StepContext, work: Workload, replicas: int, open_lo
 def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePrediction:
     """The steady state of ``replicas`` identical replicas sharing the workload evenly."""
     resident, cap, limit = resident_under_load(ctx, work, replicas, _open_loop_resident)
-    t_d, t_p, cycle, tpot = steady_state(ctx, work, resident)
+    if ctx.engine.chunked_prefill:  # one chunked steady state serves the step, the stall and the wait
+        st = chunked_state(ctx, work, resident)
+        t_d, t_p, cycle, tpot = _chunked_steady(st, work, resident)
+        k, (stall, share) = 1, ((st.t_mixed - st.t_decode, st.share) if resident > 1 else (0.0, 0.0))
+    else:
+        t_d, t_p, cycle, tpot = steady_state(ctx, work, resident)
+        k = prompts_per_step(ctx, work, resident)
+        stall, share = prefill_stall(ctx, work, resident=resident, t_p=t_p, k=k)
     x_req = resident / cycle  # requests/s of one replica
     service = t_p + t_d / 2 + (work.output_len - 1) * tpot
-    k = 1 if ctx.engine.chunked_prefill else prompts_per_step(ctx, work, resident)
     wait, fixed, prob = _wait(ctx, work, replicas, resident=resident, cap=cap, x_req=x_req, service=service,
                               t_p=t_p, k=k)
     ttft = wait + t_p + t_d / 2 + ctx.request_s
-    stall, share = prefill_stall(ctx, work, resident=resident, t_p=t_p, k=k)
     return ServePrediction(
         ttft=ttft, tpot=tpot, itl=ctx.engine.multi_step * tpot, e2e=ttft + (work.output_len - 1) * tpot,
         queue_wait=wait, output_tokens_per_s=replicas * x_req * work.output_len, requests_per_s=replicas * x_req,
@@ -198,15 +208,11 @@ def mean_prefill(ctx: StepContext, work: Workload, prompts: int = 1) -> float:
 
 def prefill_stall(ctx: StepContext, work: Workload, *, resident: int, t_p: float,
                   k: int = 1) -> tuple[float, float]:
-    """(extra time, share of decode steps) of the steps that carry a prefill: a whole prompt step, whose mean,
-    share x time, is the (R - 1) t_p / (k O) that ``steady_state`` adds to every token (k prompts per prefill
-    step); with chunked prefill the mixed iterations of ``serve_chunked`` (Sarathi-Serve, Agrawal et al.
-    OSDI'24)."""
+    """(extra time, share of decode steps) of the steps that carry a whole prompt, whose mean, share x time, is the
+    (R - 1) t_p / (k O) that ``steady_state`` adds to every token (k prompts per prefill step); engines with
+    chunked prefill take theirs from ``serve_chunked`` (``predict_load``)."""
     if resident <= 1:
         return 0.0, 0.0
-    if ctx.engine.chunked_prefill:
-        st = chunked_state(ctx, work, resident)
-        return st.t_mixed - st.t_decode, st.share
     return t_p, min((resident - 1) / k / work.output_len, 1.0)
 
 
