@@ -199,3 +199,11 @@ def test_a_pinned_memory_limit_holds_for_the_parameter_server_comparison():
     result = search(model, weak_cluster(), replace(req, max_memory_fraction=0.8))
     alt = ps_alternative(model, weak_cluster(), req, result)
     assert alt["plan"] is None  # dp64 z0 needs ~25 GiB, over 10 % of 40 GB: the pin is kept, nothing fits
+
+
+def test_a_cluster_file_servers_table_is_checked():
+    from meshplan.spec.io import cluster_from_dict
+
+    for bad in ({"count": -1}, {"count": 2.5}, {"count": 4, "bandwidth_gb_s": -1}, {"count": 4, "nics": 2}, 8):
+        with pytest.raises(SpecError, match="servers"):
+            cluster_from_dict({**WEAK, "servers": bad}, catalog.gpu)
