@@ -61,6 +61,11 @@ def test_llama3_8b_parameter_count():
     assert model_params(catalog.model("llama3-8b")) == pytest.approx(8.03e9, rel=0.005)
 
 
+def test_qwen3_32b_parameter_count():
+    # Qwen3-32B model card: 32.8B parameters (64 heads of 128 project 5120 -> 8192, untied head).
+    assert model_params(catalog.model("qwen3-32b")) == pytest.approx(32.8e9, rel=0.005)
+
+
 def test_zero_paper_bytes_per_parameter():
     # Rajbhandari et al. 2020 sec. 3.1: fp16 weights 2 + fp16 grads 2 + fp32 master/momentum/variance 12.
     assert bytes_per_param(Plan(global_batch=1, seq_len=1, precision="fp16"), MEGATRON) == (2.0, 2.0, 12.0)

@@ -131,3 +131,23 @@ def test_device_memory_is_what_cuda_reports_where_measured():
     with pytest.raises(SpecError, match="usable_gib"):
         gpu_from_dict({**base, "usable_gib": 300, "usable_source": "a measurement"})
     assert gpu_from_dict(gpu_to_dict(catalog.gpu("h100-sxm"))) == catalog.gpu("h100-sxm")  # round trip
+
+
+@pytest.mark.parametrize("text, name", [
+    ("vLLM 0.6.0 (multi-step=10)", "vllm-0.6.0"),          # the SGLang benchmark's own launch flags
+    ("NVIDIA NIM 1.12.0", "nim-1.8"),                      # NIM's harness by prefix
+    ("vLLM 0.8.5", "vllm"),                                # a release with no profile: the family's nearest
+    ("SGLang v0.4.6.post1", "sglang"),
+    ("TensorRT-LLM 0.19 (trtllm-serve)", "trtllm-0.17"),   # same major version: the TRT engine flow
+    ("trtllm-serve 1.0", "trtllm"),                        # 1.x: the PyTorch backend
+    ("vllm", "vllm"),                                      # no version: the newest release
+])
+def test_engine_for_reads_family_and_version(text, name):
+    prof, note = catalog.engine_for(text)
+    assert prof.name == name and prof.name in note
+    assert not (prof.harness and not any(text.startswith(m) for m in prof.matches))
+
+
+def test_engine_for_unknown_family_names_the_families():
+    with pytest.raises(SpecError, match="vllm, sglang, trtllm"):
+        catalog.engine_for("LMDeploy 0.7")

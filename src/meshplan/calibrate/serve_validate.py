@@ -5,6 +5,7 @@ and every row predicted "out of memory" although it ran (must be none)."""
 from __future__ import annotations
 
 import csv
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,13 +89,12 @@ def is_serving_csv(header: list[str] | None) -> bool:
 
 
 def row_engine(row: dict) -> EngineProfile:
-    """The engine profile whose ``matches`` prefixes the row's ``framework`` column (data in the profile)."""
-    text = row["framework"].strip()
-    for name in catalog.engine_names():
-        prof = catalog.engine(name)
-        if any(text.startswith(m) for m in prof.matches):
-            return prof
-    raise SpecError(f"{row['id']}.framework", text, "matches no engine profile's `matches` (catalog/engines)")
+    """The engine profile of the row's ``framework`` column (``catalog.engine_for``: a source's own setup by its
+    ``matches`` prefix, else the family's nearest version-default profile)."""
+    try:
+        return catalog.engine_for(row["framework"])[0]
+    except SpecError as exc:
+        raise SpecError(f"{row['id']}.framework", row["framework"].strip(), exc.expected) from None
 
 
 def _int(row: dict, key: str, default: int = 1) -> int:
@@ -104,21 +104,43 @@ def _int(row: dict, key: str, default: int = 1) -> int:
     try:
         return int(v)
     except ValueError:
-        raise SpecError(f"{row['id']}.{key}", v, "must be a whole number (variable lengths need a histogram, "
-                        "which the row does not give)") from None
+        raise SpecError(f"{row['id']}.{key}", v, "must be a whole number or a dataset of catalog/datasets "
+                        f"({', '.join(catalog.dataset_names())})") from None
+
+
+RATE_UNIT = re.compile(r"^(\d+(?:\.\d+)?)\s*(?:qps|rps|req/s|requests/s|/s)$")
+"""An open-loop rate in the ``concurrency`` column: ``4 qps``, ``4 req/s``."""
+NOTES_RATE = re.compile(r"request rate (\d+(?:\.\d+)?|inf)\b|(\d+(?:\.\d+)?)\s*(?:qps|req/s|requests/s)\b")
+"""Where ``concurrency`` is empty, INFERENCE.md puts an open loop's rate in ``notes`` ("request rate 4/s")."""
+
+
+def row_load(row: dict) -> dict:
+    """The load of a row: closed loop (a number of clients), offline (``max``, ``offline``, ``inf``), or an open
+    loop (a rate with its unit in ``concurrency``, or, when that is empty, the rate the notes state)."""
+    conc = (row.get("concurrency") or "").strip().lower()
+    if conc.startswith(OFFLINE):
+        return {}
+    if conc.isdigit():
+        return {"concurrency": int(conc)}
+    unit = RATE_UNIT.match(conc)
+    if unit:
+        return {"rate": float(unit.group(1))}
+    if not conc:
+        said = NOTES_RATE.search((row.get("notes") or "").lower())
+        if said:
+            rate = said.group(1) or said.group(2)
+            return {} if rate == "inf" else {"rate": float(rate)}
+    raise SpecError(f"{row['id']}.concurrency", conc, "must be a number of clients, a rate such as '4 qps', or "
+                    "an offline run ('max', 'offline'); an empty one needs the rate in the notes")
 
 
 def row_workload(row: dict) -> Workload:
-    """The workload of a row: fixed lengths, and a closed loop, or offline."""
-    conc = (row.get("concurrency") or "").strip().lower()
-    work = dict(input_len=_int(row, "input_len"), output_len=_int(row, "output_len"))
-    if not conc:
-        raise SpecError(f"{row['id']}.concurrency", conc, "is empty: an open-loop rate is only in the notes")
-    if conc.startswith(OFFLINE):
-        return Workload(**work)
-    if conc.isdigit():
-        return Workload(**work, concurrency=int(conc))
-    raise SpecError(f"{row['id']}.concurrency", conc, "must be a number of clients or an offline run")
+    """The workload of a row: fixed lengths or a catalog dataset's ("ShareGPT (variable)"), under its load."""
+    load = row_load(row)
+    named = catalog.dataset_for(row.get("input_len") or "")
+    if named is not None:
+        return named.workload(**load)
+    return Workload(input_len=_int(row, "input_len"), output_len=_int(row, "output_len"), **load)
 
 
 def row_plan(row: dict, engine: EngineProfile) -> ServePlan:

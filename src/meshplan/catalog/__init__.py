@@ -7,13 +7,14 @@ GPU/hardware profile TOML written by ``meshplan calibrate``).
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
 from meshplan.errors import SpecError, unknown_name
 from meshplan.spec.cluster import ClusterSpec
-from meshplan.spec.engine import EngineProfile, engine_from_dict
+from meshplan.spec.engine import FAMILY_NAMES, EngineProfile, engine_from_dict, version_tuple
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.hardware import GPUSpec
 from meshplan.spec.io import (
@@ -28,6 +29,7 @@ from meshplan.spec.io import (
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import DEFAULT_FRAMEWORK
 from meshplan.spec.recipe import Recipe
+from meshplan.spec.serving import Dataset, dataset_from_dict
 
 
 def _entries(kind: str) -> dict[str, str]:
@@ -106,6 +108,66 @@ def engine(ref: str) -> EngineProfile:
     """A serving-engine profile by catalog name (``vllm``, ``sglang``, ``trtllm``, or a pinned version such as
     ``vllm-0.6.0``)."""
     return engine_from_dict(_entry("engines", "engine", ref), f"engine[{ref}]")
+
+
+def engine_for(text: str) -> tuple[EngineProfile, str]:
+    """The profile of an engine as a source names it (a serving row's ``framework``): a profile whose ``matches``
+    prefixes the text (that source's own setup), else the family's release profile (not a ``harness``) nearest the
+    version the text names (``_nearest_release``). Returns the profile and a note saying how it was chosen."""
+    text = text.strip()
+    profiles = [engine(n) for n in engine_names()]
+    for prof in profiles:
+        if any(text.startswith(m) for m in prof.matches):
+            return prof, f"{text}: {prof.name} (its source's setup)"
+    low = text.lower()
+    found = [(low.find(n), fam, n) for fam, names in FAMILY_NAMES.items() for n in names if n in low]
+    if not found:
+        raise SpecError("framework", text, f"names no engine family ({', '.join(FAMILY_NAMES)}) and matches no "
+                        "profile's `matches` (catalog/engines)")
+    at, family, name = min(found)
+    named = re.search(r"\d+(?:\.\d+)+", low[at + len(name):])
+    wanted = version_tuple(named.group(0)) if named else ()
+    defaults = sorted((p for p in profiles if p.engine == family and not p.harness), key=lambda p: p.version_key)
+    if not defaults:
+        raise SpecError("framework", text, f"engine family {family} has no release profile (all are harnesses)")
+    pick = _nearest_release(defaults, wanted)
+    shown = ".".join(map(str, wanted)) or "(no version)"
+    return pick, f"{text}: {family} {shown} -> {pick.name} {pick.version} (nearest release profile)"
+
+
+def _nearest_release(releases: list[EngineProfile], wanted: tuple[int, ...]) -> EngineProfile:
+    """Of releases sorted by version: the newest when no version is named; else one of the same major version,
+    nearest in minor (a major release changes the engine: TensorRT-LLM 1.0 made the PyTorch backend the default);
+    else the newest below; else the oldest."""
+    if not wanted:
+        return releases[-1]
+    same = [p for p in releases if p.version_key[:1] == wanted[:1]]
+    if same:
+        return min(same, key=lambda p: (abs((p.version_key + (0,))[1] - (wanted + (0,))[1]), p.version_key))
+    below = [p for p in releases if p.version_key <= wanted]
+    return below[-1] if below else releases[0]
+
+
+def dataset_names() -> list[str]:
+    """Names of every benchmark dataset in the catalog."""
+    return sorted(_catalog("datasets"))
+
+
+@lru_cache(maxsize=64)
+def dataset(ref: str) -> Dataset:
+    """A benchmark dataset by catalog name (``sharegpt``)."""
+    return dataset_from_dict(_entry("datasets", "dataset", ref), f"dataset[{ref}]")
+
+
+def dataset_for(text: str) -> Dataset | None:
+    """The dataset whose ``matches`` prefixes ``text`` (a row's ``input_len`` such as "ShareGPT (variable)"), or
+    None."""
+    low = text.strip().lower()
+    for name in dataset_names():
+        d = dataset(name)
+        if any(low.startswith(m) for m in d.matches):
+            return d
+    return None
 
 
 def cluster(ref: str) -> ClusterSpec:

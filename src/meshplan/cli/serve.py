@@ -33,15 +33,21 @@ def _percentile(text: str) -> float:
 
 
 def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
-    """``--input-len``/``--output-len``: a number of tokens, inline bins ``128:3,512:1`` (length:weight), or a
-    file of ``length,weight`` lines (a header line and ``#`` comments allowed) or a JSON list of [length, weight]."""
+    """``--input-len``/``--output-len``: a number of tokens, inline bins ``128:3,512:1`` (length:weight), a
+    file of ``length,weight`` lines (a header line and ``#`` comments allowed) or a JSON list of [length, weight],
+    or a benchmark dataset of the catalog (``sharegpt``: its lengths as the serving benchmarks sample them)."""
     import json
     from pathlib import Path
 
     from meshplan.errors import SpecError
 
+    from meshplan import catalog
+
     text = str(text).strip()
-    fmt = "a whole number of tokens, bins like 128:3,512:1, or a file of length,weight lines"
+    fmt = ("a whole number of tokens, bins like 128:3,512:1, a file of length,weight lines, or a dataset "
+           f"({', '.join(catalog.dataset_names())})")
+    if text.lower() in catalog.dataset_names():
+        return catalog.dataset(text.lower()).bins("output" if "output" in flag else "input")
     if text.isdigit():
         if int(text) < 1:
             raise SpecError(flag, text, "must be >= 1 token")
@@ -171,7 +177,7 @@ def register(app: typer.Typer) -> None:
         engine: str = typer.Option("vllm", "--engine", help="Serving-engine profile (catalog/engines): vllm, "
                                    "sglang, trtllm, or a versioned one such as vllm-0.6.0."),
         input_len: str = typer.Option(..., "--input-len", help="Prompt tokens per request: a number, bins "
-                                      "LENGTH:WEIGHT,... or a file of length,weight lines."),
+                                      "LENGTH:WEIGHT,..., a file of length,weight lines, or a dataset (sharegpt)."),
         output_len: str = typer.Option(..., "--output-len", help="Generated tokens per request (same forms)."),
         concurrency: int = typer.Option(0, "--concurrency", help="Closed loop: requests in flight."),
         rate: float = typer.Option(0.0, "--rate", help="Open loop: Poisson arrivals per second. Neither: offline."),

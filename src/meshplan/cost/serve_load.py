@@ -187,10 +187,15 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
         k = prompts_per_step(ctx, work, resident)
         stall, share = prefill_stall(ctx, work, resident=resident, t_p=t_p, k=k)
     x_req = resident / cycle  # requests/s of one replica
+    if work.rate and resident < cap:  # an open loop below the cap serves what arrives (Little's R is rounded)
+        x_req = min(x_req, work.rate / replicas) if resident == 1 else work.rate / replicas
     service = t_p + t_d / 2 + (work.output_len - 1) * tpot
     wait, fixed, prob = _wait(ctx, work, replicas, resident=resident, cap=cap, x_req=x_req, service=service,
                               t_p=t_p, k=k)
-    ttft = wait + t_p + t_d / 2 + ctx.request_s
+    # Multi-step scheduling admits prompts only between rounds of ``multi_step`` decode steps: an arrival waits
+    # half a round beyond the step it lands in (vllm@v0.6.0 multi-step scheduler, RFC vllm#6854)
+    rounds = 0.0 if work.offline else (ctx.engine.multi_step - 1) * t_d / 2
+    ttft = wait + rounds + t_p + t_d / 2 + ctx.request_s
     return ServePrediction(
         ttft=ttft, tpot=tpot, itl=ctx.engine.multi_step * tpot, e2e=ttft + (work.output_len - 1) * tpot,
         queue_wait=wait, output_tokens_per_s=replicas * x_req * work.output_len, requests_per_s=replicas * x_req,
@@ -234,8 +239,9 @@ def _wait(ctx: StepContext, work: Workload, replicas: int, *, resident: int, cap
         if admit > behind:
             return admit, admit, 0.0
         return behind, 0.0, rho_p
-    lam = work.rate / replicas
-    rho = min(lam / x_req, 0.999)
+    if resident < cap:  # open loop below the cap: admitted on arrival, only the prefill queue is waited for
+        return behind, 0.0, rho_p
+    rho = min(work.rate / replicas / x_req, 0.999)  # x_req is the throughput at the cap here
     # Kingman's G/G/1 with Poisson arrivals (c_a^2 = 1) and deterministic service (c_s^2 = 0): the prefill is the
     # service a queued request waits for; saturation is reported through rho -> 1.
     return rho / (1 - rho) * 0.5 * t_p, 0.0, rho

@@ -5,11 +5,15 @@ its benchmark defines TPOT). The serving counterpart of ``FrameworkProfile``; pr
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 
 from meshplan.errors import SpecError
 
-ENGINES = ("vllm", "sglang", "trtllm", "meshplan")
+FAMILY_NAMES = {"vllm": ("vllm",), "sglang": ("sglang",),
+                "trtllm": ("tensorrt-llm", "tensorrt_llm", "tensorrt llm", "trt-llm", "trtllm"), "meshplan": ("meshplan",)}
+"""Engine families and the names sources print for them (lower case), for reading a row's ``framework`` text."""
+ENGINES = tuple(FAMILY_NAMES)
 KV_FRACTION_OF = ("total", "free", "static")
 ADMISSIONS = ("lazy", "reserve")
 
@@ -29,6 +33,9 @@ class EngineProfile:
     """One line for listings."""
     matches: tuple[str, ...] = ()
     """Prefixes of a validation row's ``framework`` column that this profile reproduces (data, not a regex)."""
+    harness: bool = False
+    """The profile reproduces one source's harness or launch flags beyond its release's defaults (a benchmark's
+    ``--num-scheduler-steps``, NIM, MLPerf), so it never stands in for another row of its family."""
     kv_memory_fraction: float = 0.9
     """The engine's KV memory knob (vLLM ``gpu_memory_utilization``, SGLang ``mem_fraction_static``, TRT-LLM
     ``free_gpu_memory_fraction``)."""
@@ -84,6 +91,11 @@ class EngineProfile:
         if self.cuda_graph_max_batch < 0 or self.custom_allreduce_bytes < 0 or self.runtime_reserve_gib < 0:
             raise SpecError(f"engine {self.name}", "negative size", "sizes must be >= 0")
 
+    @property
+    def version_key(self) -> tuple[int, ...]:
+        """The release as numbers for ordering (``0.6.0`` -> (0, 6, 0)); () when it is not a dotted number."""
+        return version_tuple(self.version)
+
     def graph_batch(self, batch: int) -> int:
         """The batch a decode step of ``batch`` sequences runs at: padded up to the next captured CUDA-graph size
         (1, 2, 4, then multiples of ``cuda_graph_step``), or as is above the largest (eager)."""
@@ -100,8 +112,15 @@ class EngineProfile:
         return 0 < batch <= self.cuda_graph_max_batch
 
 
+def version_tuple(text: str) -> tuple[int, ...]:
+    """The leading dotted number of ``text`` (``v0.8.5rc1`` -> (0, 8, 5)); () when there is none."""
+    got = re.match(r"v?(\d+(?:\.\d+)*)", text.strip().lower())
+    return tuple(int(x) for x in got.group(1).split(".")) if got else ()
+
+
 SETTINGS = tuple(f.name for f in fields(EngineProfile) if f.name not in ("name", "engine", "version", "summary",
-                                                                          "matches", "sources", "kernel_stack"))
+                                                                          "matches", "harness", "sources",
+                                                                          "kernel_stack"))
 """Fields a command may change for one prediction (``--max-num-seqs``...)."""
 
 

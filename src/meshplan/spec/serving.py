@@ -138,3 +138,53 @@ def workload_from_hist(inputs: tuple[tuple[int, float], ...], outputs: tuple[tup
         return max(int(round(sum(n * w for n, w in hist) / total)), 1) if total > 0 else 0
     return Workload(input_len=mean(inputs), output_len=mean(outputs), input_hist=tuple(inputs) if len(inputs) > 1
                     else (), output_hist=tuple(outputs) if len(outputs) > 1 else (), **load)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dataset:
+    """A benchmark's prompt set as its harness samples it (``catalog/datasets``): the lengths a row or a command
+    names by the dataset's name instead of numbers."""
+
+    name: str
+    matches: tuple[str, ...]
+    """Lower-case prefixes of a validation row's ``input_len`` text that name this dataset."""
+    input_mean: int
+    """Mean prompt tokens per request as the harness samples and tokenizes them."""
+    output_mean: int
+    """Mean generated tokens per request (the dataset's reply lengths)."""
+    input_hist: tuple[tuple[int, float], ...] = ()
+    """(length, weight) bins where a source publishes them; empty = only the mean is known."""
+    output_hist: tuple[tuple[int, float], ...] = ()
+    source: str = ""
+    """Where the lengths come from."""
+
+    def __post_init__(self) -> None:
+        _int(f"dataset[{self.name}].input_mean", self.input_mean, 1)
+        _int(f"dataset[{self.name}].output_mean", self.output_mean, 1)
+        if not self.source:
+            raise SpecError(f"dataset[{self.name}].source", "", "every dataset must cite where its lengths come from")
+
+    def bins(self, which: str) -> tuple[tuple[int, float], ...]:
+        """(length, weight) bins of ``input`` or ``output`` lengths; one bin at the mean when only it is known."""
+        hist = self.input_hist if which == "input" else self.output_hist
+        return hist or ((self.input_mean if which == "input" else self.output_mean, 1.0),)
+
+    def workload(self, **load) -> Workload:
+        """The dataset's requests under ``load`` (concurrency, rate or offline)."""
+        return workload_from_hist(self.bins("input"), self.bins("output"), **load)
+
+
+def dataset_from_dict(d: dict, where: str) -> Dataset:
+    """A dataset from its TOML table."""
+    allowed = {"name", "matches", "input_mean", "output_mean", "input_hist", "output_hist", "source"}
+    bad = sorted(set(d) - allowed)
+    if bad:
+        raise SpecError(where, bad, f"unknown dataset fields; known: {', '.join(sorted(allowed))}")
+    kw = dict(d)
+    kw["matches"] = tuple(str(m).lower() for m in d.get("matches", ()))
+    for side in ("input_hist", "output_hist"):
+        kw[side] = tuple((int(n), float(w)) for n, w in d.get(side, ()))
+    try:
+        return Dataset(**kw)
+    except TypeError as exc:
+        raise SpecError(where, d.get("name"), str(exc)) from None

@@ -1,0 +1,78 @@
+"""Reading a published serving row: the engine (family and version), the load (clients, a rate, offline), a named
+dataset's lengths; and the open-loop physics those rows exercise (an arrival below the cap waits only for the
+prefill queue; multi-step scheduling makes it wait half a round)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from meshplan import catalog
+from meshplan.calibrate.serve_constants import load_constants
+from meshplan.calibrate.serve_validate import row_load, row_workload
+from meshplan.cost.serve_load import predict_load
+from meshplan.cost.serve_step import step_context
+from meshplan.errors import SpecError
+from meshplan.spec.serving import ServePlan, Workload
+
+
+def row(**kw):
+    base = {"id": "r", "concurrency": "", "notes": "", "input_len": "128", "output_len": "64"}
+    return base | kw
+
+
+@pytest.mark.parametrize("conc, notes, load", [
+    ("16", "", {"concurrency": 16}),
+    ("max (offline)", "", {}),
+    ("inf (offline, 5000 prompts)", "", {}),
+    ("4 qps", "", {"rate": 4.0}),
+    ("2.5 req/s", "", {"rate": 2.5}),
+    ("", "online, request rate 8/s, 2400 prompts", {"rate": 8.0}),
+    ("", "offline (request rate inf), 5000 prompts", {}),
+])
+def test_row_load(conc, notes, load):
+    assert row_load(row(concurrency=conc, notes=notes)) == load
+
+
+def test_row_load_without_a_rate_names_the_field():
+    with pytest.raises(SpecError, match="r.concurrency"):
+        row_load(row(concurrency="", notes="server scenario"))
+
+
+def test_a_named_dataset_gives_its_mean_lengths():
+    w = row_workload(row(input_len="ShareGPT (variable)", output_len="ShareGPT (variable)", concurrency="8"))
+    share = catalog.dataset("sharegpt")
+    assert (w.input_len, w.output_len, w.concurrency) == (share.input_mean, share.output_mean, 8)
+    with pytest.raises(SpecError, match="sharegpt"):
+        row_workload(row(input_len="OpenOrca (variable)", concurrency="8"))
+
+
+def ctx_of(engine="sglang", **kw):
+    plan = ServePlan(tp=1, engine=engine)
+    pool = catalog.cluster("1xh100-sxm").pools[0]
+    return step_context(catalog.model("llama3.1-8b"), pool, plan, dataclasses.replace(catalog.engine(engine), **kw)
+                        if kw else catalog.engine(engine), load_constants())
+
+
+def test_light_open_loop_waits_only_for_prefills():
+    """Far below capacity an arrival is admitted at once: TTFT is its prefill, half a step and at most an M/D/1
+    wait for the prefills ahead (rho_p / (2 (1 - rho_p)) t_p), and it grows with the rate."""
+    ctx = ctx_of()
+    light, busier = (predict_load(ctx, Workload(input_len=512, output_len=128, rate=r)) for r in (0.5, 4.0))
+    for p in (light, busier):
+        assert p.resident < p.kv_capacity_tokens and p.queue_wait <= p.prefill
+        assert p.ttft == pytest.approx(p.queue_wait + p.prefill + p.decode_step / 2 + ctx.request_s)
+    assert light.queue_wait <= busier.queue_wait and light.queue_wait < 0.1 * light.prefill
+
+
+def test_multi_step_rounds_delay_the_first_token_by_half_a_round():
+    """vLLM's multi-step scheduler admits prompts between rounds of n decode steps: (n - 1) t_d / 2 more TTFT;
+    offline runs have no arrivals to delay."""
+    work = Workload(input_len=512, output_len=128, rate=1.0)
+    one = predict_load(ctx_of("vllm-0.6.0", multi_step=1), work)
+    ten = predict_load(ctx_of("vllm-0.6.0", multi_step=10), work)
+    assert ten.ttft - one.ttft == pytest.approx(9 * ten.decode_step / 2, rel=0.05)
+    off = Workload(input_len=512, output_len=128)
+    assert predict_load(ctx_of("vllm-0.6.0", multi_step=10), off).ttft == pytest.approx(
+        predict_load(ctx_of("vllm-0.6.0", multi_step=1), off).ttft)
