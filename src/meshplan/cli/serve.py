@@ -39,9 +39,8 @@ def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
     import json
     from pathlib import Path
 
-    from meshplan.errors import SpecError
-
     from meshplan import catalog
+    from meshplan.errors import SpecError
 
     text = str(text).strip()
     fmt = ("a whole number of tokens, bins like 128:3,512:1, a file of length,weight lines, or a dataset "

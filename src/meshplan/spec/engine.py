@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, fields
 from meshplan.errors import SpecError
 
 FAMILY_NAMES = {"vllm": ("vllm",), "sglang": ("sglang",),
-                "trtllm": ("tensorrt-llm", "tensorrt_llm", "tensorrt llm", "trt-llm", "trtllm"), "meshplan": ("meshplan",)}
+                "trtllm": ("tensorrt-llm", "tensorrt_llm", "tensorrt llm", "trt-llm", "trtllm"),
+                "meshplan": ("meshplan",)}
 """Engine families and the names sources print for them (lower case), for reading a row's ``framework`` text."""
 ENGINES = tuple(FAMILY_NAMES)
 KV_FRACTION_OF = ("total", "free", "static")
