@@ -201,9 +201,12 @@ def framework_for(stack: str, version: str = "") -> tuple[FrameworkProfile, str]
     """The profile of a stack as a source names it (the validation CSV's ``framework`` and ``framework_version``):
     the preset whose ``versions`` prefix the version, else the stack's default preset, else the catalog default.
     Returns the profile and a note saying how it was chosen."""
-    stack, version = stack.strip().lower(), version.strip().lower()
+    stack, version = stack.strip().lower().replace("_", "-"), version.strip().lower()
     presets = [framework(n) for n in framework_names()]
     mine = [p for p in presets if stack in p.stacks]
+    if not mine and stack:  # "MosaicML llm-foundry", "IBM fms-fsdp": the longest stack name the text contains
+        named = sorted({s for p in presets for s in p.stacks if s in stack}, key=len)
+        mine = [p for p in presets if named and named[-1] in p.stacks]
     if version:
         by_version = [p for p in mine if any(version.startswith(v.lower()) for v in p.versions)]
         if by_version:
