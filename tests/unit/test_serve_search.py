@@ -264,3 +264,21 @@ def test_check_serve_refuses_what_it_cannot_run_in_one_line(args, needle, capsys
     code = main(["check", "--serve", *args])
     err = capsys.readouterr().err
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_benchmark_sized_engine_runs_as_built_and_a_pinned_cap_stays():
+    """trtllm-bench builds the engine for the workload: every candidate runs (and exports) the caps its build
+    heuristics give that layout, a cap the search tries applies below them, and a cap the user pins is kept."""
+    from meshplan.cost.serve_sizing import sized_engine
+
+    work = Workload(input_len=128, output_len=2048)
+    req = _request(engine=catalog.engine("trtllm-0.17"), work=work, slo=Slo(), precision="fp8", kv_dtype="fp8",
+                   disagg="off")
+    res = search(req)
+    for c in res.candidates:
+        plan = replace(c.plan, replicas=1)
+        built = sized_engine(req.engine, LLAMA70, plan, H100X8.pools[0], work)
+        assert c.engine.max_batched_tokens == built.max_batched_tokens
+        assert c.engine.max_num_seqs == (min(c.seq_cap, built.max_num_seqs) if c.seq_cap else built.max_num_seqs)
+    pinned = search(replace(req, max_num_seqs=4000, tp=8))
+    assert {c.engine.max_num_seqs for c in pinned.candidates} == {4000}

@@ -71,6 +71,27 @@ def test_decode_is_memory_bound_at_batch_one():
     assert t < t64 < 4 * t
 
 
+def test_decode_streams_the_kv_cache_at_its_own_efficiency():
+    """A decode step's attention reads every cached K and V once (kv_tokens x bytes per token / TP shard) at the
+    fitted KV-streaming efficiency; without one it falls back to the weights' ``mem_eff``; the GEMMs do not move."""
+    from dataclasses import replace
+
+    from meshplan.cost.serve_step import layer_parts
+
+    c = ctx_of(model="llama3.1-70b", tp=4, engine="vllm")
+    layer = c.model.blocks[0].layer
+    kv_tokens = 64 * 4_000  # 64 sequences of 4,000 cached tokens
+    per_rank = kv_tokens * 2 * 8 * 128 * 2 / 4  # K and V, 8 kv heads of 128, bf16, 4 ranks
+    bw = c.pool.gpu.hbm_bandwidth
+    base = layer_parts(c, layer, tokens=64, seq=4_000, kv_tokens=kv_tokens)
+    assert base["attention"] == pytest.approx(per_rank / (bw * c.calib.mem_eff))
+    fast = layer_parts(replace(c, kv_eff=0.9), layer, tokens=64, seq=4_000, kv_tokens=kv_tokens)
+    assert fast["attention"] == pytest.approx(per_rank / (bw * 0.9))
+    assert fast["gemm"] == base["gemm"]
+    read = step_context(c.model, c.pool, c.plan, c.engine, {"decode_kv_eff": {c.pool.gpu.generation: 0.8}})
+    assert read.kv_eff == 0.8
+
+
 def test_concurrency_beyond_the_cache_is_queued_not_oom():
     c = ctx_of(model="llama3.1-70b", tp=4, engine="vllm")
     work = Workload(input_len=20_000, output_len=2_000, concurrency=50)
@@ -151,3 +172,24 @@ def test_engine_for_reads_family_and_version(text, name):
 def test_engine_for_unknown_family_names_the_families():
     with pytest.raises(SpecError, match="vllm, sglang, trtllm"):
         catalog.engine_for("LMDeploy 0.7")
+
+
+def test_trtllm_bench_sizes_its_engine_from_the_dataset():
+    """trtllm-bench's build heuristics (tuning.py): requests the KV cache holds at ISL + OSL, 95 % of the memory
+    the fp8 weights leave, rounded up as the tool does. Llama-3.1-8B fp8 on one H100 (79.1 GiB): 0.95 x (84.93e9
+    - 8.03e9) / (65,536 B x 2,176) = 512 requests at 2048/128 -> batch 640 (128-multiples), tokens 512 x 17 ->
+    9,216; at 128/128 the 4,096-request cap binds and tokens are 4,096 x 2 = 8,192."""
+    from meshplan.cost.serve_sizing import SIZINGS, sized_engine
+    from meshplan.spec.engine import BUILD_SIZINGS
+
+    assert set(SIZINGS) == set(BUILD_SIZINGS)
+    e = catalog.engine("trtllm-0.17")
+    model, pool = catalog.model("llama3.1-8b"), catalog.cluster("1xh100-sxm").pools[0]
+    plan = ServePlan(precision="fp8", kv_dtype="fp8", engine=e.name)
+    long = sized_engine(e, model, plan, pool, Workload(input_len=2048, output_len=128))
+    assert (long.max_num_seqs, long.max_batched_tokens) == (640, 9216)
+    short = sized_engine(e, model, plan, pool, Workload(input_len=128, output_len=128))
+    assert (short.max_num_seqs, short.max_batched_tokens) == (4096, 8192)
+    # A profile without the rule is left as profiled.
+    assert sized_engine(catalog.engine("vllm"), model, plan, pool, Workload(input_len=128, output_len=128)) \
+        == catalog.engine("vllm")

@@ -15,11 +15,14 @@ from meshplan.calibrate.serve_validate import predict_row, row_engine
 from meshplan.errors import MeshplanError
 
 GRIDS = {"decode_mem_eff": [0.5 + 0.05 * i for i in range(10)],
+         "decode_kv_eff": [0.5 + 0.05 * i for i in range(10)],
          "prefill_attn_eff": [0.3 + 0.05 * i for i in range(10)],
+         "prefill_gemm_eff": [0.5 + 0.05 * i for i in range(8)],
          "step_host_s": [0.0005 * i for i in range(11)]}
-"""Searched values: HBM efficiency 0.50-0.95; prefill attention 0.30-0.75 of the 16-bit peak (the physical
-range of forward kernels: FlashAttention-2 forward reaches 50-73 % on A100, Dao 2023; FlashAttention-3 up to 75 %
-on H100, Shah et al. 2024); host time per step 0-5 ms. ``request_s`` (time outside the engine)
+"""Searched values: HBM efficiency 0.50-0.95 (weight reads; KV-cache reads); prefill attention 0.30-0.75 of the
+16-bit peak (the physical range of forward kernels: FlashAttention-2 forward reaches 50-73 % on A100, Dao 2023;
+FlashAttention-3 up to 75 % on H100, Shah et al. 2024); an engine's GEMMs 0.50-0.85 of the dtype's dense peak
+(cuBLASLt/CUTLASS at inference shapes); host time per step 0-5 ms. ``request_s`` (time outside the engine)
 is not fitted: the single-client TTFT rows, where it would show, are met within 5 % without it, and the rows that
 would pull it up are those whose queueing the model under-predicts (high concurrency), which it must not hide."""
 GROUPS = {"ttft_ms": "ttft", "itl_ms": "token", "tpot_ms": "token", "e2e_latency_s": "token",
@@ -51,17 +54,29 @@ def loss(rows: list[dict], constants: dict) -> float:
 
 
 def keys(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
-    """The constants the rows can inform, each with the rows it moves: a decode efficiency per GPU generation
-    present, a step and a request time per engine profile present."""
+    """The constants the rows can inform, each with the rows it moves: the kernel efficiencies per GPU generation
+    present, a step time per engine profile present. The GEMM efficiency is read on replicas of one GPU only,
+    where no collective shares the step, so that a term the interconnect model lacks (PCIe servers whose TP
+    groups cross CPU sockets) cannot hide in it."""
     gens: dict[str, list[dict]] = {}
+    alone: dict[str, list[dict]] = {}
     engines: dict[str, list[dict]] = {}
     for row in rows:
         try:
-            gens.setdefault(catalog.gpu(row["gpu_key"].strip()).generation, []).append(row)
+            gen = catalog.gpu(row["gpu_key"].strip()).generation
             engines.setdefault(row_engine(row).name, []).append(row)
         except MeshplanError:
             continue
-    return {"decode_mem_eff": gens, "prefill_attn_eff": gens, "step_host_s": engines}
+        gens.setdefault(gen, []).append(row)
+        if _one_gpu(row):
+            alone.setdefault(gen, []).append(row)
+    return {"decode_mem_eff": gens, "decode_kv_eff": gens, "prefill_attn_eff": gens, "prefill_gemm_eff": alone,
+            "step_host_s": engines}
+
+
+def _one_gpu(row: dict) -> bool:
+    """Whether the row's replica is one GPU (tp = pp = ep = 1; empty columns read as 1)."""
+    return all((row.get(k) or "1").strip() in ("", "1") for k in ("tp", "pp", "ep"))
 
 
 def fit_serving(path: str | Path, rounds: int = 2) -> dict:

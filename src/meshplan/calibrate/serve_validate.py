@@ -12,6 +12,7 @@ from pathlib import Path
 
 from meshplan import catalog
 from meshplan.cost.serve_load import fit_check, predict_load
+from meshplan.cost.serve_sizing import sized_engine
 from meshplan.cost.serve_step import step_context
 from meshplan.errors import MeshplanError, SpecError
 from meshplan.spec.engine import EngineProfile
@@ -162,6 +163,7 @@ def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
     plan, work = row_plan(row, engine), row_workload(row)
     model, gpu = catalog.model(row["model_key"].strip()), catalog.gpu(row["gpu_key"].strip())
     cluster = catalog.cluster(f"{plan.gpus_per_replica}x{gpu.name}")
+    engine = sized_engine(engine, model, plan, cluster.pools[0], work)
     ctx = step_context(model, cluster.pools[0], plan, engine, constants)
     oom = fit_check(ctx, work)
     if oom is not None:

@@ -54,6 +54,10 @@ class StepContext:
     step_host_s: float
     """Host time per engine step that no device work hides (scheduling, input preparation, sampling launch,
     detokenisation hand-off) (s): the serving calibration's per-engine constant."""
+    kv_eff: float = 0.0
+    """Fraction of HBM bandwidth a decode step's attention reaches streaming the KV cache (paged decode kernels:
+    vLLM paged attention, FlashInfer, TRT-LLM XQA), a different kernel from the weight-streaming GEMMs that
+    ``calib.mem_eff`` describes; 0 = the same as ``calib.mem_eff``."""
     request_s: float = 0.0
     """Time a request spends outside the engine's steps before its first token (HTTP server, tokenisation,
     network: NIM's TTFT "includes request queuing time, prefill time, and network latency") (s): per engine."""
@@ -71,11 +75,18 @@ def step_context(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EnginePr
     if att:
         calib = calib.with_(attn_eff=att)
 
+    # An engine's GEMMs (weights quantized once offline, forward only: no backward, no Transformer Engine amax
+    # history or transposes) reach their own share of each dtype's peak, not the training stacks' fit
+    gemm = constants.get("prefill_gemm_eff", {}).get(pool.gpu.generation)
+    if gemm:
+        calib = calib.with_(gemm_eff=gemm, fp8_eff=gemm)
+    kv_eff = constants.get("decode_kv_eff", {}).get(pool.gpu.generation, 0.0)
+
     def per_engine(table: str) -> float:
         # A profile's own constant, else its family's (vllm, sglang, trtllm), else none.
         t = constants.get(table, {})
         return t.get(engine.name, t.get(engine.engine, 0.0))
-    return StepContext(model=model, pool=pool, plan=plan, engine=engine, calib=calib,
+    return StepContext(model=model, pool=pool, plan=plan, engine=engine, calib=calib, kv_eff=kv_eff,
                        step_host_s=per_engine("step_host_s"), request_s=per_engine("request_s"))
 
 
@@ -224,7 +235,8 @@ def layer_parts(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv
     parts["elementwise"] = memory_time(ops.elementwise_bytes, gpu=gpu, calib=calib)
     if kv_tokens:
         kv = kv_tokens * kv_bytes_per_token(layer, ctx.plan.kv_bytes) / kv_shard(layer, ctx.plan.tp)
-        parts["attention"] = max(memory_time(kv, gpu=gpu, calib=calib), calib.launch_s)
+        kv_calib = calib.with_(mem_eff=ctx.kv_eff) if ctx.kv_eff else calib
+        parts["attention"] = max(memory_time(kv, gpu=gpu, calib=kv_calib), calib.launch_s)
     else:
         parts["attention"] = attention_time(ops.attn_flops, gpu=gpu, calib=calib, dtype=dtype)
     if layer.attention is not None and ctx.plan.tp > 1:

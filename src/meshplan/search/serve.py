@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from meshplan.cost.result import pareto_front
 from meshplan.cost.serve_disagg import predict_disagg
 from meshplan.cost.serve_load import ServePrediction, fit_check, predict_load
+from meshplan.cost.serve_sizing import sized_engine
 from meshplan.cost.serve_step import StepContext, step_context
 from meshplan.cost.serve_tail import quantile
 from meshplan.errors import SpecError
@@ -207,7 +208,8 @@ def _score(req: ServeRequest, c: ServeCandidate) -> float:
 
 
 def _judge(req: ServeRequest, plan: ServePlan, pred: ServePrediction, engine: EngineProfile,
-           prefill: ServePlan | None = None) -> ServeCandidate:
+           prefill: ServePlan | None = None, *, variant: EngineProfile | None = None) -> ServeCandidate:
+    """``engine``: as the candidate runs it (sized for the workload); ``variant``: the cap the search tried."""
     q = req.slo.percentile
     tails = {m: quantile(pred, m, q) for m in ("ttft", "tpot", "itl", "e2e")}
     pct = f"p{round(100 * q)}"
@@ -218,7 +220,8 @@ def _judge(req: ServeRequest, plan: ServePlan, pred: ServePrediction, engine: En
         misses.append(f"TPOT {pct} {1e3 * tails['tpot']:,.1f} ms > {1e3 * req.slo.tpot:,.1f} ms")
     if req.work.rate and pred.requests_per_s < 0.99 * req.work.rate:
         misses.append(f"sustains {pred.requests_per_s:.2f} req/s < offered {req.work.rate:g}")
-    cap = engine.max_num_seqs if engine.max_num_seqs != req.engine.max_num_seqs else 0
+    tried = variant or engine
+    cap = tried.max_num_seqs if tried.max_num_seqs != req.engine.max_num_seqs else 0
     return ServeCandidate(plan=plan, pred=pred, prefill=prefill, engine=engine, tails=tails, misses=tuple(misses),
                           seq_cap=cap)
 
@@ -235,7 +238,13 @@ def _replica_counts(req: ServeRequest, per_replica: int) -> list[int]:
 def _contexts(req: ServeRequest, engine: EngineProfile, *, tp: int, pp: int, ep: int) -> tuple[ServePlan,
                                                                                                 StepContext]:
     plan = ServePlan(tp=tp, pp=pp, ep=ep, precision=req.precision, kv_dtype=req.kv_dtype, engine=req.engine.name)
-    return plan, step_context(req.model, req.pool, plan, engine, req.constants)
+    # The engine as its benchmark builds it for this layout and workload; a cap the user pinned stays as pinned,
+    # one the search tries applies below the sized one.
+    sized = sized_engine(req.engine, req.model, plan, req.pool, req.work)
+    if engine is not req.engine:
+        seqs = engine.max_num_seqs if req.max_num_seqs else min(engine.max_num_seqs, sized.max_num_seqs)
+        sized = replace(sized, max_num_seqs=seqs)
+    return plan, step_context(req.model, req.pool, plan, sized, req.constants)
 
 
 def aggregated(req: ServeRequest) -> tuple[list[ServeCandidate], list[tuple[str, str]]]:
@@ -253,7 +262,7 @@ def aggregated(req: ServeRequest) -> tuple[list[ServeCandidate], list[tuple[str,
                         break
                     for n in _replica_counts(req, tp * pp):
                         pred = predict_load(ctx, req.work, replicas=n)
-                        out.append(_judge(req, replace(plan, replicas=n), pred, engine))
+                        out.append(_judge(req, replace(plan, replicas=n), pred, ctx.engine, variant=engine))
     return out, bad
 
 
@@ -279,8 +288,8 @@ def disaggregated(req: ServeRequest) -> list[ServeCandidate]:
                     if n_d < 1:
                         break
                     pred = predict_disagg(pctx, dctx, req.work, n_prefill=n_p, n_decode=n_d)
-                    out.append(_judge(req, replace(dplan, replicas=n_d), pred, engine,
-                                      prefill=replace(pplan, replicas=n_p)))
+                    out.append(_judge(req, replace(dplan, replicas=n_d), pred, dctx.engine,
+                                      prefill=replace(pplan, replicas=n_p), variant=engine))
     return out
 
 

@@ -17,6 +17,8 @@ FAMILY_NAMES = {"vllm": ("vllm",), "sglang": ("sglang",),
 ENGINES = tuple(FAMILY_NAMES)
 KV_FRACTION_OF = ("total", "free", "static")
 ADMISSIONS = ("lazy", "reserve")
+BUILD_SIZINGS = ("", "trtllm-bench")
+"""Rules a benchmark tool sizes the engine's caps by from the workload (``cost.serve_sizing.SIZINGS``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +74,9 @@ class EngineProfile:
     kernel_stack: str = ""
     """The training-stack profile (``catalog/frameworks``) whose kernels the engine runs, for its op count and
     fusion; empty: the fused serving kernels every GPU engine has (FlashAttention/FlashInfer, fused norms)."""
+    build_sizing: str = ""
+    """How the benchmark that runs the engine sizes ``max_num_seqs``, ``max_batched_tokens`` and the activation
+    tokens from the workload before it starts (``trtllm-bench``: its engine build heuristics); empty: as given."""
     multi_step: int = 1
     """Decode steps scheduled per host round (vLLM ``--num-scheduler-steps``); streamed chunks carry that many
     tokens, so ITL is that many steps."""
@@ -79,7 +84,8 @@ class EngineProfile:
     """Field name -> the public source of its value."""
 
     def __post_init__(self) -> None:
-        for name, opts in (("engine", ENGINES), ("kv_fraction_of", KV_FRACTION_OF), ("admission", ADMISSIONS)):
+        for name, opts in (("engine", ENGINES), ("kv_fraction_of", KV_FRACTION_OF), ("admission", ADMISSIONS),
+                           ("build_sizing", BUILD_SIZINGS)):
             if getattr(self, name) not in opts:
                 raise SpecError(f"engine.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
         if not 0 < self.kv_memory_fraction <= 1:

@@ -1,0 +1,60 @@
+"""Engine caps a benchmark tool sizes from the workload before it runs (``EngineProfile.build_sizing``).
+
+trtllm-bench builds its TensorRT engine for the dataset it will run: ``max_batch_size`` and ``max_num_tokens``
+come from the requests the KV cache can hold at the dataset's lengths, not from trtllm-build's defaults
+(NVIDIA/TensorRT-LLM tensorrt_llm/bench/build/tuning.py ``calc_engine_setting`` and ``finetune_setting``; the
+perf-overview tables are measured on engines built that way). The rule is the tool's own estimate, reproduced
+as it is written (whole-model KV bytes with the KV heads raised to tp, weights as parameters x element size,
+95 % of the memory left), so the caps match what the tool chose even where the engine's real memory differs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from meshplan.cost.memory import model_params
+from meshplan.cost.serve_step import kv_bytes_per_token_per_gpu
+from meshplan.spec.cluster import Pool
+from meshplan.spec.engine import EngineProfile
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.serving import ServePlan, Workload
+
+GiB = 1024.0**3
+
+
+def _trtllm_bench(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool,
+                  work: Workload) -> EngineProfile:
+    gpus = plan.tp * plan.pp
+    # calc_engine_setting: byte_per_token = 2 x attention layers x max(tp, n_kv) x head_size x KV element bytes
+    # (all ranks together), which is this model's KV per GPU times the replica's GPUs.
+    per_token = kv_bytes_per_token_per_gpu(model, plan) * gpus
+    engine_bytes = model_params(model) * plan.weight_bytes  # param_count x bytes per element
+    cache = 0.95 * (pool.gpu.hbm_bytes * gpus - engine_bytes)  # kv_cache_gpu_mem_fraction = 0.95 of the rest
+    requests = max(cache / (per_token * (work.input_len + work.output_len)), 1.0)
+    # finetune_setting: the batch capped at 4096 over pp, tokens at batch x (1 + ISL/OSL) capped at 32768
+    raw_bs = min(requests, 4096) / plan.pp
+    raw_tokens = min(raw_bs * (1 + work.input_len / work.output_len), 32768)
+    if raw_bs < 256:
+        bs = max(64, 32 * math.ceil(raw_bs / 32))
+    elif raw_bs < 1024:
+        bs = 128 * math.ceil(raw_bs / 128)
+    else:
+        bs = 256 * math.ceil(raw_bs / 256)
+    if raw_tokens < 4096:
+        tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
+    elif raw_tokens < 8192:
+        tokens = 512 * math.ceil(raw_tokens / 512)
+    else:
+        tokens = 1024 * math.ceil(raw_tokens / 1024)
+    return replace(engine, max_num_seqs=bs, max_batched_tokens=tokens, activation_tokens=tokens)
+
+
+SIZINGS = {"": lambda engine, model, plan, pool, work: engine, "trtllm-bench": _trtllm_bench}
+"""Build-sizing rule -> the engine with its caps for one workload and layout (``spec.engine.BUILD_SIZINGS``)."""
+
+
+def sized_engine(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool,
+                 work: Workload) -> EngineProfile:
+    """The engine as its benchmark builds it for ``work`` on ``plan`` (the profile itself when it has no rule)."""
+    return SIZINGS[engine.build_sizing](engine, model, plan, pool, work)
