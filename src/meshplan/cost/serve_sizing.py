@@ -25,29 +25,30 @@ GiB = 1024.0**3
 
 def _trtllm_bench(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool,
                   work: Workload) -> EngineProfile:
+    """trtllm-bench's ``max_batch_size`` and ``max_num_tokens`` for ``work`` on ``plan`` (module docstring)."""
     gpus = plan.tp * plan.pp
     # calc_engine_setting: byte_per_token = 2 x attention layers x max(tp, n_kv) x head_size x KV element bytes
     # (all ranks together), which is this model's KV per GPU times the replica's GPUs.
     per_token = kv_bytes_per_token_per_gpu(model, plan) * gpus
     engine_bytes = model_params(model) * plan.weight_bytes  # param_count x bytes per element
-    cache = 0.95 * (pool.gpu.hbm_bytes * gpus - engine_bytes)  # kv_cache_gpu_mem_fraction = 0.95 of the rest
+    # kv_cache_gpu_mem_fraction = 0.95 of the rest; the tool reads NVML's total (utils.get_device_memory), about
+    # 0.6 % above the CUDA-visible memory the catalog holds
+    cache = 0.95 * (pool.gpu.hbm_bytes * gpus - engine_bytes)
     requests = max(cache / (per_token * (work.input_len + work.output_len)), 1.0)
     # finetune_setting: the batch capped at 4096 over pp, tokens at batch x (1 + ISL/OSL) capped at 32768
     raw_bs = min(requests, 4096) / plan.pp
     raw_tokens = min(raw_bs * (1 + work.input_len / work.output_len), 32768)
-    if raw_bs < 256:
-        bs = max(64, 32 * math.ceil(raw_bs / 32))
-    elif raw_bs < 1024:
-        bs = 128 * math.ceil(raw_bs / 128)
-    else:
-        bs = 256 * math.ceil(raw_bs / 256)
-    if raw_tokens < 4096:
-        tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
-    elif raw_tokens < 8192:
-        tokens = 512 * math.ceil(raw_tokens / 512)
-    else:
-        tokens = 1024 * math.ceil(raw_tokens / 1024)
+    bs = _round_up(raw_bs, ((256, 32), (1024, 128), (math.inf, 256)), least=64)
+    tokens = _round_up(raw_tokens, ((4096, 256), (8192, 512), (math.inf, 1024)), least=2048)
     return replace(engine, max_num_seqs=bs, max_batched_tokens=tokens, activation_tokens=tokens)
+
+
+def _round_up(x: float, rungs: tuple[tuple[float, int], ...], least: int) -> int:
+    """``x`` rounded up to the step of the first rung whose limit it is below, at least ``least`` (finetune_setting's
+    ladders: batch to 32 below 256, 128 below 1024, else 256, at least 64; tokens to 256 below 4096, 512 below
+    8192, else 1024, at least 2048)."""
+    step = next(step for limit, step in rungs if x < limit)
+    return max(least, step * math.ceil(x / step))
 
 
 SIZINGS = {"": lambda engine, model, plan, pool, work: engine, "trtllm-bench": _trtllm_bench}
