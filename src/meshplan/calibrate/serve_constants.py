@@ -10,10 +10,10 @@ from functools import lru_cache
 from importlib import resources
 
 FILE = "serve_constants.toml"
-TABLES = ("decode_mem_eff", "decode_kv_eff", "prefill_attn_eff", "prefill_gemm_eff", "step_host_s",
+TABLES = ("decode_mem_eff", "decode_kv_eff", "prefill_attn_eff", "engine_gemm_eff", "step_host_s",
           "request_s")
 """decode_mem_eff (weights and activations), decode_kv_eff (the KV cache a decode step's attention streams),
-prefill_attn_eff and prefill_gemm_eff (share of the dtype's peak an engine's GEMMs reach): by GPU generation;
+prefill_attn_eff and engine_gemm_eff (share of the dtype's peak an engine's GEMMs reach): by GPU generation;
 step_host_s and request_s: by engine profile name or family."""
 
 

@@ -17,7 +17,7 @@ from meshplan.errors import MeshplanError
 GRIDS = {"decode_mem_eff": [0.5 + 0.05 * i for i in range(10)],
          "decode_kv_eff": [0.5 + 0.05 * i for i in range(10)],
          "prefill_attn_eff": [0.3 + 0.05 * i for i in range(10)],
-         "prefill_gemm_eff": [0.5 + 0.05 * i for i in range(8)],
+         "engine_gemm_eff": [0.5 + 0.05 * i for i in range(8)],
          "step_host_s": [0.0005 * i for i in range(11)]}
 """Searched values: HBM efficiency 0.50-0.95 (weight reads; KV-cache reads); prefill attention 0.30-0.75 of the
 16-bit peak (the physical range of forward kernels: FlashAttention-2 forward reaches 50-73 % on A100, Dao 2023;
@@ -70,7 +70,7 @@ def keys(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
         gens.setdefault(gen, []).append(row)
         if _one_gpu(row):
             alone.setdefault(gen, []).append(row)
-    return {"decode_mem_eff": gens, "decode_kv_eff": gens, "prefill_attn_eff": gens, "prefill_gemm_eff": alone,
+    return {"decode_mem_eff": gens, "decode_kv_eff": gens, "prefill_attn_eff": gens, "engine_gemm_eff": alone,
             "step_host_s": engines}
 
 

@@ -77,7 +77,7 @@ def step_context(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EnginePr
 
     # An engine's GEMMs (weights quantized once offline, forward only: no backward, no Transformer Engine amax
     # history or transposes) reach their own share of each dtype's peak, not the training stacks' fit
-    gemm = constants.get("prefill_gemm_eff", {}).get(pool.gpu.generation)
+    gemm = constants.get("engine_gemm_eff", {}).get(pool.gpu.generation)
     if gemm:
         calib = calib.with_(gemm_eff=gemm, fp8_eff=gemm)
     kv_eff = constants.get("decode_kv_eff", {}).get(pool.gpu.generation, 0.0)
