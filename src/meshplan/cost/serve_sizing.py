@@ -51,7 +51,7 @@ def _round_up(x: float, rungs: tuple[tuple[float, int], ...], least: int) -> int
     return max(least, step * math.ceil(x / step))
 
 
-SIZINGS = {"": lambda engine, model, plan, pool, work: engine, "trtllm-bench": _trtllm_bench}
+SIZINGS = {"none": lambda engine, model, plan, pool, work: engine, "trtllm-bench": _trtllm_bench}
 """Build-sizing rule -> the engine with its caps for one workload and layout (``spec.engine.BUILD_SIZINGS``)."""
 
 

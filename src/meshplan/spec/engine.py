@@ -17,7 +17,7 @@ FAMILY_NAMES = {"vllm": ("vllm",), "sglang": ("sglang",),
 ENGINES = tuple(FAMILY_NAMES)
 KV_FRACTION_OF = ("total", "free", "static")
 ADMISSIONS = ("lazy", "reserve")
-BUILD_SIZINGS = ("", "trtllm-bench")
+BUILD_SIZINGS = ("none", "trtllm-bench")
 """Rules a benchmark tool sizes the engine's caps by from the workload (``cost.serve_sizing.SIZINGS``)."""
 
 
@@ -74,9 +74,9 @@ class EngineProfile:
     kernel_stack: str = ""
     """The training-stack profile (``catalog/frameworks``) whose kernels the engine runs, for its op count and
     fusion; empty: the fused serving kernels every GPU engine has (FlashAttention/FlashInfer, fused norms)."""
-    build_sizing: str = ""
+    build_sizing: str = "none"
     """How the benchmark that runs the engine sizes ``max_num_seqs``, ``max_batched_tokens`` and the activation
-    tokens from the workload before it starts (``trtllm-bench``: its engine build heuristics); empty: as given."""
+    tokens from the workload before it starts (``trtllm-bench``: its engine build heuristics); ``none``: as given."""
     multi_step: int = 1
     """Decode steps scheduled per host round (vLLM ``--num-scheduler-steps``); streamed chunks carry that many
     tokens, so ITL is that many steps."""
