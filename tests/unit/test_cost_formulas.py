@@ -288,6 +288,35 @@ def test_zero3_per_parameter_gathers_pay_latency_per_tensor():
     assert per_param.per_micro_fwd - unit.per_micro_fwd == pytest.approx(110 * 15 * 8e-6)
 
 
+def test_float8_fsdp_all_gather_moves_one_byte_per_dense_weight():
+    """torchao's float8 all-gather casts the dense weights' shards to fp8 before FSDP gathers them: the forward's
+    gathers move half the bytes of a 16-bit plan, the reduce-scatter (fp32 gradients) is unchanged, and a bf16
+    plan or a stack without the option gathers 16 bits."""
+    from meshplan.cost.comm import collective_time
+    from meshplan.cost.dp import fsdp_cost
+    from meshplan.spec.calibration import Calibration
+    from meshplan.spec.cluster import GroupLink
+
+    calib = Calibration(sync_s=0.0)
+    link = GroupLink(level="fabric", bandwidth=25e9, latency=8e-6)
+    links = type("L", (), {"dp_shard": link, "dp": link, "dp_replicate": link})()
+    plan = Plan(global_batch=16, seq_len=2048, micro_batch=1, dp=16, zero=3, precision="fp8")
+    stack = MEGATRON.with_(overlap_param_gather=False, overlap_grad_reduce=False)
+
+    def cost(p, st):
+        return fsdp_cost(1e9, 0.0, plan=p, stack=st, links=links, calib=calib, fwd=1.0, bwd=2.0, n_units=10)
+
+    fp8 = cost(plan, stack.with_(fp8_fsdp_gather=True))
+    assert fp8.per_micro_fwd == pytest.approx(10 * collective_time("all_gather", 1e9 / 10, size=16, link=link,
+                                                                    calib=calib))
+    rs = 10 * collective_time("reduce_scatter", 4e9 / 10, size=16, link=link, calib=calib)
+    assert fp8.per_micro_bwd == pytest.approx(fp8.per_micro_fwd + rs)
+    sixteen = 10 * collective_time("all_gather", 2e9 / 10, size=16, link=link, calib=calib)
+    assert cost(plan, stack).per_micro_fwd == pytest.approx(sixteen)
+    assert cost(plan.with_(precision="bf16"), stack.with_(fp8_fsdp_gather=True)).per_micro_fwd == pytest.approx(
+        sixteen)
+
+
 @pytest.mark.parametrize(("dp_shard", "expert_group"), [(0, 2), (4, 1), (8, 1), (16, 2)])
 def test_hsdp_shards_experts_in_proportion_to_dense(dp_shard, expert_group):
     """dp 16, ep 8: two ranks hold each expert shard. FSDP over all 16 splits the experts' states in two; an HSDP

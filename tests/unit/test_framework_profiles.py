@@ -120,3 +120,23 @@ def test_recipe_matching_reads_columns_and_the_sources_own_notes():
     compile_recipe = next(x for x in catalog.recipes() if x.name == "torchtitan-compile")
     assert compile_recipe.matches({**facts, "stack": "torchtitan", "text": "tt-8b-compile-8g"})
     assert not compile_recipe.matches({**facts, "stack": "torchtitan", "text": "tt-8b-8g"})
+
+
+@pytest.mark.parametrize(("run_id", "profile", "fp8_gather"), [
+    ("ttperf-405b-fp8", "torchtitan-compiled", True),  # the 405B preset committed with the numbers (9515a140b)
+    ("tttrainy-h200-8b-32g", "torchtitan-compiled", True),  # the benchmark's own torchrun command
+    ("tt2412-t5-405b-1f1b-512g", "torchtitan-compiled", True),  # 9dec370's 405B preset
+    ("tt2412-t1-8b-fsdp-8g", "torchtitan", False),  # Table 1's eager, 16-bit row
+])
+def test_torchtitan_runs_get_the_configuration_their_source_publishes(run_id, profile, fp8_gather, runs_csv):
+    """A switching recipe (the source says compile) still applies the rest of what it sets (the float8 FSDP
+    all-gather of the same preset or command)."""
+    import csv
+
+    from meshplan.calibrate.runs import row_to_run
+
+    with open(runs_csv, newline="") as f:
+        row = next(r for r in csv.DictReader(f) if r["id"] == run_id)
+    run = row_to_run(row)
+    assert (run.framework.name, run.framework.fp8_fsdp_gather) == (profile, fp8_gather)
+

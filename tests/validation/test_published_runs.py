@@ -39,7 +39,7 @@ def test_json_shape(runs_csv):
         "megatron-bridge-deepseek-v3-b200-recompute"]
     assert set(rows["tt2412-t5-405b-1f1b-512g"]["recipes"]) == {
         "torchtitan-benchmarks-2412", "torchtitan-benchmarks-2412-async-tp", "torchtitan-compile",
-        "torchtitan-async-tp"}
+        "torchtitan-async-tp", "torchtitan-benchmarks-2412-float8"}
     assert "torchtitan-compiled" in rows["tt2412-t5-405b-1f1b-512g"]["framework"]
 
 

@@ -244,9 +244,8 @@ def row_to_run(row: dict) -> Run:
     if not bad:
         plan = infer_recompute(row, model, cluster, plan)
         model = infer_mtp(row, model, plan)
-        for r in recipes:
-            if "framework" not in r.sets:
-                plan, profile = apply_recipe(r, model, plan, profile)
+        for r in recipes:  # a switching recipe's profile is already chosen; what else it sets applies here
+            plan, profile = apply_recipe(r, model, plan, profile)
         bad = plan_violations(model, cluster, plan) + stack_violations(plan, profile)
     if bad:
         raise SpecError(row["id"], "layout", "; ".join(bad))

@@ -51,13 +51,16 @@ def fsdp_cost(dense: float, expert: float, *, plan: Plan, stack: FrameworkProfil
     units = max(n_units, 1)
     calls = max(n_tensors, units) if stack.zero_gather == "param" else units
     w_bytes = 2.0 if plan.precision != "fp32" else 4.0
+    # torchao's float8 all-gather casts each linear weight's shard to fp8 first (float8/fsdp_utils.py
+    # fsdp_pre_all_gather): 1 byte per dense weight; the experts' grouped weights stay 16-bit.
+    dense_bytes = 1.0 if plan.precision == "fp8" and stack.fp8_fsdp_gather else w_bytes
 
     def per_unit(kind: str, params: float, nbytes: float, size: int, link) -> float:
         # One collective per FSDP unit (a layer), or per parameter tensor (DeepSpeed 2021, partition_parameters
         # ._allgather_param / ._reduce_scatter_gradient): the latency term is paid once per call.
         return calls * collective_time(kind, params * nbytes / calls, size=size, link=link, calib=calib)
 
-    ag = per_unit("all_gather", dense, w_bytes, shard, links.dp_shard)
+    ag = per_unit("all_gather", dense, dense_bytes, shard, links.dp_shard)
     rs = per_unit("reduce_scatter", dense, 4.0, shard, links.dp_shard)
     if expert:
         eg = plan.expert_dp

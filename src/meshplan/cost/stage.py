@@ -111,10 +111,11 @@ def tp_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx, *, fwd_gemm: float, bwd_g
     msg = ops.tokens * layer.hidden * plan.act_bytes
     one = collective_time("all_reduce", msg, size=plan.tp, link=ctx.links.tp, calib=ctx.calib)
     one_f = one
-    if plan.sp and plan.precision == "fp8" and ctx.stack.fused_kernels:
-        # Transformer Engine quantizes the norm output before the sequence-parallel all-gather and gathers
-        # 1 byte/element (pytorch/module/layernorm_linear.py: gather_along_first_dim of the fp8 ln_out); the
-        # reduce-scatter after the row-parallel GEMM stays 16-bit.
+    if plan.sp and plan.precision == "fp8" and ctx.stack.fp8_linear != "none":
+        # The fp8 input is gathered, 1 byte/element: Transformer Engine quantizes the norm output first
+        # (pytorch/module/layernorm_linear.py: gather_along_first_dim of the fp8 ln_out), torchao casts the
+        # column-parallel input (float8/float8_tensor_parallel.py PrepareFloat8ModuleInput, Float8ColwiseParallel);
+        # the reduce-scatter after the row-parallel GEMM stays 16-bit.
         one_f = (collective_time("all_gather", msg / plan.act_bytes, size=plan.tp, link=ctx.links.tp, calib=ctx.calib)
                  + collective_time("reduce_scatter", msg, size=plan.tp, link=ctx.links.tp, calib=ctx.calib))
     overlap = ctx.stack.tp_comm_overlap

@@ -27,7 +27,8 @@ CP_KINDS = ("ring", "a2a")
 BEHAVIOUR_FIELDS = ("kernel_library", "fused_kernels", "eager_dtensor", "flash_attention", "sharding", "zero_gather",
                     "overlap_grad_reduce", "overlap_param_gather", "accumulate_unsharded_grads", "tp_comm_overlap",
                     "tp_comm_overlap_supported", "selective_policy", "fused_optimizer", "grad_dtype",
-                    "optimizer_dtype", "default_micro_batch", "shards_experts", "fp8_linear", "fp8_params")
+                    "optimizer_dtype", "default_micro_batch", "shards_experts", "fp8_linear", "fp8_params",
+                    "fp8_fsdp_gather")
 """The fields that change a prediction (a recipe or a CLI flag may override them); the rest describe the preset."""
 CAPABILITY_FIELDS = ("tensor_parallel", "context_parallel", "expert_parallel", "schedules", "max_zero_with_pp",
                      "recompute_modes", "dp_syncs")
@@ -111,6 +112,10 @@ class FrameworkProfile:
     fp8_params: bool = False
     """fp8 plans keep the model's weights in fp8 and all-gather them in fp8 (Megatron ``--fp8-param-gather``,
     TE ``fp8_model_init``; the fp32 master stays in the distributed optimizer)."""
+    fp8_fsdp_gather: bool = False
+    """fp8 plans under FSDP cast each linear weight's shard to fp8 before the all-gather and gather 1 byte per
+    weight (torchao ``enable_fsdp_float8_all_gather``: WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather);
+    gradients are still reduce-scattered at the reduce dtype."""
     default_micro_batch: str = "one"
     """Micro-batch size when a recipe does not say: ``one`` (Megatron: micro-batch 1) or ``pp_stages`` (as many
     micro-batches as pipeline stages, torchtitan's ``pipeline_parallel_microbatches`` default)."""
@@ -143,7 +148,8 @@ class FrameworkProfile:
                 raise SpecError(f"framework.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
         for name in ("fused_kernels", "eager_dtensor", "flash_attention", "overlap_grad_reduce",
                      "overlap_param_gather", "accumulate_unsharded_grads", "tp_comm_overlap",
-                     "tp_comm_overlap_supported", "fused_optimizer", "shards_experts", "fp8_params"):
+                     "tp_comm_overlap_supported", "fused_optimizer", "shards_experts", "fp8_params",
+                     "fp8_fsdp_gather"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"framework.{name}", getattr(self, name), "must be true or false")
         for name, opts in (("context_parallel", CP_KINDS), ("recompute_modes", RECOMPUTE_MODES),
