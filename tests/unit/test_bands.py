@@ -61,9 +61,11 @@ def test_interval_converts_errors_to_measured_times():
 def test_the_stated_80_percent_holds_75_to_85_percent_of_the_loso_predictions():
     res = list(shipped())
     assert len(res) >= 90 and {r.kind for r in res} >= {"dense", "pp", "moe"}
-    assert 0.75 <= coverage(res) <= 0.85
-    # Built without each run's own source too, the bands stay close to their stated level.
-    assert 0.65 <= coverage(res, cross=True) <= 0.9
+    # Each run's band built without its own source's residuals: the band a prediction on an unseen source gets.
+    assert 0.75 <= coverage(res, cross=True) <= 0.85
+    # With its own residual in the pool a run sits inside more often: a group of 8 or fewer runs spans its min to
+    # its max at the (n + 1) q plotting position.
+    assert 0.75 <= coverage(res) <= 0.92
 
 
 @pytest.mark.skipif(not shipped(), reason="no shipped residuals")

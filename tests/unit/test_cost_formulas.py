@@ -288,6 +288,21 @@ def test_zero3_per_parameter_gathers_pay_latency_per_tensor():
     assert per_param.per_micro_fwd - unit.per_micro_fwd == pytest.approx(110 * 15 * 8e-6)
 
 
+def test_deepspeed_zero3_gathers_a_large_recomputed_layer_again_for_its_backward():
+    """DeepSpeed ZeRO-3's module hooks fetch and release parameters around the recompute's forward too, and keep
+    them for the backward only within max_reuse_distance (1e9 elements): a 1.8B-parameter layer under full
+    recompute is gathered twice in its backward, a small one or FSDP2 once, and a layer without recompute once."""
+    from meshplan.cost.dp import backward_gathers
+    from meshplan.cost.memory_stack import DS_MAX_REUSE
+
+    ds = catalog.framework("deepspeed-2021")
+    plan = Plan(global_batch=16, seq_len=2048, micro_batch=1, dp=16, zero=3, recompute="full")
+    assert backward_gathers(1.8e9, plan=plan, stack=ds) == 2
+    assert backward_gathers(DS_MAX_REUSE / 2, plan=plan, stack=ds) == 1
+    assert backward_gathers(1.8e9, plan=plan.with_(recompute="none"), stack=ds) == 1
+    assert backward_gathers(1.8e9, plan=plan, stack=catalog.framework("torchtitan")) == 1
+
+
 def test_float8_fsdp_all_gather_moves_one_byte_per_dense_weight():
     """torchao's float8 all-gather casts the dense weights' shards to fp8 before FSDP gathers them: the forward's
     gathers move half the bytes of a 16-bit plan, the reduce-scatter (fp32 gradients) is unchanged, and a bf16

@@ -59,3 +59,25 @@ def test_shipped_constants_are_the_fit_of_the_visible_runs(runs):
     # constants.toml is written by scripts/fit_calibration.py, never by hand: refitting reproduces it.
     shipped = tomllib.loads(resources.files("meshplan.calibrate").joinpath("constants.toml").read_text())
     assert fit(runs) == shipped
+
+
+def test_a_generation_without_runs_gets_the_run_weighted_mean_of_the_fitted_ones():
+    """Geometric mean weighted by the runs that inform each constant: three hopper runs (two in fp8) and one
+    ampere run; fp8 comes from the fp8 runs only. A GPU of an unfitted generation reads it through the table's
+    default section, a fitted generation keeps its own."""
+    import math
+    from types import SimpleNamespace
+
+    from meshplan.calibrate.fit import unseen_generation
+
+    def run(precision):
+        return SimpleNamespace(plan=SimpleNamespace(precision=precision))
+
+    gens = {"hopper": [run("bf16"), run("fp8"), run("fp8")], "ampere": [run("bf16")]}
+    table = {"hopper": {"gemm_eff": 0.6, "fp8_eff": 0.5, "attn_eff": 0.4}, "ampere": {"gemm_eff": 0.8}}
+    out = unseen_generation(table, gens)
+    assert out["gemm_eff"] == pytest.approx(math.exp((3 * math.log(0.6) + math.log(0.8)) / 4), abs=1e-4)
+    assert out["fp8_eff"] == 0.5 and out["attn_eff"] == 0.4
+    table["default"] = out
+    assert calibration_for("mi300x", "cdna3", table).gemm_eff == out["gemm_eff"]
+    assert calibration_for("a100-80gb", "ampere", table).gemm_eff == 0.8

@@ -155,7 +155,23 @@ def fit(runs: list[Run], *, prior: float = 0.02, scheme: str = "part") -> dict[s
             # One constant for all generations, informed by the MoE runs only (too few to split).
             shared = Section(key=("default",), fields=SHARED_FIELDS)
             table["default"] = fit_section(moe_runs, shared, table, prior=prior)
+    table["default"] = {**table.get("default", {}), **unseen_generation(table, gens)}
     return dict(sorted(table.items()))
+
+
+def unseen_generation(table: dict[str, dict], gens: dict[str, list[Run]]) -> dict[str, float]:
+    """What a generation without published runs gets: the fitted generations' constants, geometric mean weighted
+    by the runs that inform each (fp8 runs for ``fp8_eff``): a new generation reaches the fraction of its peak that
+    the measured ones reach end to end, not the micro-benchmark defaults of ``spec.calibration``. A field no
+    generation fitted keeps its default."""
+    out = {}
+    for fld in FIT_FIELDS:
+        pairs = [(sum(fld != "fp8_eff" or r.plan.precision == "fp8" for r in rs), table[g][fld])
+                 for g, rs in gens.items() if fld in table.get(g, {})]
+        total = sum(n for n, _ in pairs)
+        if total:
+            out[fld] = round(math.exp(sum(n * math.log(v) for n, v in pairs) / total), 4)
+    return out
 
 
 def write_table(table: dict[str, dict], path: str | Path, *, source: str) -> None:

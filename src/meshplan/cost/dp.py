@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from meshplan.cost.comm import Links, collective_time
 from meshplan.cost.dp_sync import SyncContext, sync_method
 from meshplan.cost.memory import accumulates_unsharded, bytes_per_param
+from meshplan.cost.memory_stack import DS_MAX_REUSE
 from meshplan.spec.calibration import Calibration
 from meshplan.spec.cluster import GroupLink
 from meshplan.spec.framework import FrameworkProfile
@@ -74,7 +75,8 @@ def fsdp_cost(dense: float, expert: float, *, plan: Plan, stack: FrameworkProfil
         return DPCost(per_step=per_step, total_traffic=ag + rs)
     on = stack.overlap_param_gather
     f = max(ag - calib.overlap_eff * fwd, ag / units) if on else ag
-    b = max(ag + rs - calib.overlap_eff * bwd, (ag + rs) / units) if on else ag + rs
+    bag = ag * backward_gathers(dense / units, plan=plan, stack=stack)
+    b = max(bag + rs - calib.overlap_eff * bwd, (bag + rs) / units) if on else bag + rs
     # Each unit's blocking calls (one gather in forward; gather and reduce-scatter in backward) cost the host
     # a synchronisation that no overlap hides (sync_s, measured by `meshplan calibrate`; 0 on GPUs).
     f += calls * calib.sync_s
@@ -83,7 +85,17 @@ def fsdp_cost(dense: float, expert: float, *, plan: Plan, stack: FrameworkProfil
     ar = collective_time("all_reduce", dense / shard * 4.0, size=rep, link=links.dp_replicate, calib=calib)
     per_step = max(ar - calib.overlap_eff * bwd, 0.0) if stack.overlap_grad_reduce else ar
     return DPCost(per_micro_fwd=f, per_micro_bwd=b, per_step=per_step,
-                  total_traffic=(2 * ag + rs) * plan.n_micro + ar)
+                  total_traffic=(ag + bag + rs) * plan.n_micro + ar)
+
+
+def backward_gathers(unit_params: float, *, plan: Plan, stack: FrameworkProfile) -> int:
+    """All-gathers of a unit's parameters in its backward. FSDP gathers once, before the unit's backward, and its
+    recompute runs on the gathered parameters. DeepSpeed ZeRO-3 hooks every sub-module's forward, the recompute's
+    too (v0.5.0 stage3.py pre/post_sub_module_forward_function fetch and release), and keeps a parameter until its
+    backward only within max_reuse_distance elements (``_keep_for_later``): a recomputed layer larger than that
+    is gathered for its recompute and again for its backward."""
+    again = stack.sharding == "deepspeed_zero" and plan.recompute == "full" and unit_params > DS_MAX_REUSE
+    return 2 if again else 1
 
 
 def ddp_cost(dense: float, expert: float, *, plan: Plan, stack: FrameworkProfile, links: Links,
