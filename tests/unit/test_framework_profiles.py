@@ -124,6 +124,7 @@ def test_recipe_matching_reads_columns_and_the_sources_own_notes():
 
 @pytest.mark.parametrize(("run_id", "profile", "fp8_gather"), [
     ("ttperf-405b-fp8", "torchtitan-compiled", True),  # the 405B preset committed with the numbers (9515a140b)
+    ("ttperf-405b-bf16", "torchtitan", False),  # the same table's "Optimizations: None" row
     ("tttrainy-h200-8b-32g", "torchtitan-compiled", True),  # the benchmark's own torchrun command
     ("tt2412-t5-405b-1f1b-512g", "torchtitan-compiled", True),  # 9dec370's 405B preset
     ("tt2412-t1-8b-fsdp-8g", "torchtitan", False),  # Table 1's eager, 16-bit row

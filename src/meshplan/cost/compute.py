@@ -9,12 +9,15 @@ from meshplan.spec.calibration import Calibration
 from meshplan.spec.hardware import DTYPE_BYTES, GPUSpec
 
 
-def shape_eff(m: float, n: float, k: float, calib: Calibration) -> float:
+def shape_eff(m: float, n: float, k: float, calib: Calibration, *, fp8: bool = False) -> float:
     """Efficiency loss of small GEMMs: each dim d contributes d / (d + n_half) (tile quantization and
-    pipeline fill; a saturating fit to cuBLAS shape sweeps). Large dims give 1."""
+    pipeline fill; a saturating fit to cuBLAS shape sweeps). Large dims give 1. An fp8 tile's main loop runs at
+    twice the 16-bit rate while its prologue, epilogue and wave tail take the same time, so the fixed part weighs
+    twice: the dimension at which fp8 efficiency halves is 2 n_half."""
+    half = calib.n_half * (2.0 if fp8 else 1.0)
     e = 1.0
     for d in (m, n, k):
-        e *= d / (d + calib.n_half)
+        e *= d / (d + half)
     return e
 
 
@@ -23,7 +26,7 @@ def gemm_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float
     and at least one kernel launch per copy. fp8 applies to weight GEMMs only."""
     use = "fp8" if (dtype == "fp8" and g.linear) else ("bf16" if dtype == "fp8" else dtype)
     peak = gpu.peak_flops(use)
-    eff = (calib.fp8_eff if use == "fp8" else calib.gemm_eff) * shape_eff(g.m, g.n, g.k, calib)
+    eff = (calib.fp8_eff if use == "fp8" else calib.gemm_eff) * shape_eff(g.m, g.n, g.k, calib, fp8=use == "fp8")
     if g.grouped:
         eff *= calib.moe_eff
     t_compute = g.flops / (peak * eff)
