@@ -57,8 +57,8 @@ def test_the_mean_iteration_sits_between_decode_only_and_mixed():
     assert tpot == st.iteration and t_p == st.first and cycle == pytest.approx(1000 * st.iteration)
 
 
-def test_an_engine_without_chunked_prefill_keeps_whole_prompt_steps():
-    ctx = _ctx(chunked_prefill=False)
+def test_an_engine_that_does_not_mix_runs_prefill_steps_of_their_own():
+    ctx = _ctx(mixed_batches=False)
     work = Workload(input_len=1000, output_len=1000, concurrency=64)
     t_d, t_p, cycle, tpot = steady_state(ctx, work, 64)
     assert t_d == decode_time(ctx, batch=64, context=work.mean_context)
@@ -72,3 +72,12 @@ def test_under_pp_every_batch_in_flight_has_the_budget():
         plan = ServePlan(tp=2, pp=pp, precision="fp8", kv_dtype="fp8", engine=eng.name)
         st = chunked_state(step_context(MODEL, POOL, plan, eng, load_constants()), work, resident=4000)
         assert st.decoding == int(pp * 4096 * 128 / (128 + 2048))
+
+
+def test_a_mixed_engine_that_cannot_split_a_prompt_runs_it_whole():
+    # TRT-LLM without chunked context: a 6000-token prompt joins an iteration whose spare budget is smaller, whole.
+    work = Workload(input_len=6000, output_len=100)
+    whole = chunked_state(_ctx(chunked_prefill=False, max_batched_tokens=8192), work, resident=64)
+    split = chunked_state(_ctx(max_batched_tokens=8192), work, resident=64)
+    assert whole.chunk >= 6000 and whole.first == pytest.approx(whole.t_mixed)
+    assert split.chunk <= 8192 - split.decoding

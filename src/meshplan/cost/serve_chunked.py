@@ -54,7 +54,8 @@ def chunked_state(ctx: StepContext, work: Workload, resident: int) -> ChunkedSta
     seq = max(int(round(sum(p * n * n for n, p in bins) / max(mean_in, 1e-9))), 1)
     out = max(work.output_len, 1)
     n_d = max(1, min(resident, int(budget * out / (out + mean_in))))
-    room = max(budget - n_d, 1)
+    # An engine that never splits a prompt runs it whole in the iteration it joins (TRT-LLM without chunked context)
+    room = max(budget - n_d, 1) if ctx.engine.chunked_prefill else max(budget - n_d, int(mean_in), 1)
     need = n_d * mean_in / out
     chunk = max(1, int(min(room, max(need, mean_in))))
     share = min(need / chunk, 1.0)

@@ -146,7 +146,7 @@ def steady_state(ctx: StepContext, work: Workload, resident: int) -> tuple[float
     costs its share of a prefill step of ``prompts_per_step`` prompts; an engine that prefills in chunks beside
     the decodes runs mixed iterations instead (``serve_chunked``), so the prefill's time is what one prompt's
     iterations take to its first token."""
-    if ctx.engine.chunked_prefill:
+    if ctx.engine.mixed_batches:
         return _chunked_steady(chunked_state(ctx, work, resident), work, resident)
     k = prompts_per_step(ctx, work, resident)
     t_p = mean_prefill(ctx, work, prompts=k)
@@ -178,7 +178,7 @@ def resident_under_load(ctx: StepContext, work: Workload, replicas: int, open_lo
 def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePrediction:
     """The steady state of ``replicas`` identical replicas sharing the workload evenly."""
     resident, cap, limit = resident_under_load(ctx, work, replicas, _open_loop_resident)
-    if ctx.engine.chunked_prefill:  # one chunked steady state serves the step, the stall and the wait
+    if ctx.engine.mixed_batches:  # one mixed steady state serves the step, the stall and the wait
         st = chunked_state(ctx, work, resident)
         t_d, t_p, cycle, tpot = _chunked_steady(st, work, resident)
         k, (stall, share) = 1, ((st.t_mixed - st.t_decode, st.share) if resident > 1 else (0.0, 0.0))

@@ -58,7 +58,11 @@ class EngineProfile:
     max_batched_tokens: int = 8192
     """Most tokens one step schedules (prefill chunk plus decodes)."""
     chunked_prefill: bool = False
-    """Prefill is split into chunks that share steps with decodes."""
+    """A prompt longer than the step's token budget is split into chunks over several steps."""
+    mixed_batches: bool = False
+    """Prompt tokens run in the same forward as the running decodes (vLLM chunked prefill, TensorRT-LLM in-flight
+    batching); False: a prefill batch is a forward of its own that pauses every decode (SGLang without
+    ``--enable-mixed-chunk``, vLLM 0.6 without chunked prefill)."""
     admission: str = "lazy"
     """``lazy``: KV blocks are taken as sequences grow (vLLM, SGLang: preempt when full); ``reserve``: a request is
     admitted only with room for its whole output (TRT-LLM GUARANTEED_NO_EVICT)."""
