@@ -416,6 +416,7 @@ def test_sglang_commands_parsed_by_sglang(pkg, sglang_parsed):
         assert a["mem_fraction_static"] == e.kv_memory_fraction and a["max_running_requests"] == e.max_num_seqs
         assert a["chunked_prefill_size"] == e.max_batched_tokens and a["max_prefill_tokens"] == e.max_batched_tokens
         assert a["context_length"] == context_len(job)
+        assert a["enable_mixed_chunk"] == (e.mixed_batches and e.chunked_prefill)
         assert a["kv_cache_dtype"] == ({"sglang-0.3.0": "fp8_e5m2"}.get(pkg, "fp8_e4m3") if p.kv_dtype == "fp8"
                                        else "auto")
         assert a["quantization"] == ("fp8" if p.precision == "fp8" else None)

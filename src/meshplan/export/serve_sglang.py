@@ -162,6 +162,8 @@ def server_args(job: ServeJob, rel: SglangRelease, pool: Pool) -> list[str]:
     args += ["--context-length", str(context_len(job)), "--mem-fraction-static", f"{e.kv_memory_fraction:g}",
              "--max-running-requests", str(e.max_num_seqs), "--chunked-prefill-size", str(chunk),
              "--max-prefill-tokens", str(e.max_batched_tokens)]
+    if e.mixed_batches and e.chunked_prefill:  # prefill chunks ride in the decode forward (off by default)
+        args += ["--enable-mixed-chunk"]
     if rel.page_size:
         args += ["--page-size", str(e.block_size)]
     if e.cuda_graph_max_batch == 0:
