@@ -1,5 +1,6 @@
-"""The steady state of an engine that prefills in chunks beside the running decodes (``EngineProfile.
-chunked_prefill``: vLLM and SGLang chunked prefill, TensorRT-LLM in-flight batching with chunked context).
+"""The steady state of an engine that prefills beside the running decodes in one forward (``EngineProfile.
+mixed_batches``: vLLM V1's shared token budget, TensorRT-LLM in-flight batching; ``chunked_prefill`` says whether
+a prompt longer than the room is split).
 
 Every iteration decodes the ``n_d`` running sequences and, to replace the ``n_d / O`` of them that finish, must
 prefill ``n_d I / O`` prompt tokens on average. A prompt rides in an iteration's spare token budget
