@@ -81,3 +81,20 @@ def test_a_mixed_engine_that_cannot_split_a_prompt_runs_it_whole():
     split = chunked_state(_ctx(max_batched_tokens=8192), work, resident=64)
     assert whole.chunk >= 6000 and whole.first == pytest.approx(whole.t_mixed)
     assert split.chunk <= 8192 - split.decoding
+
+
+def test_a_queue_of_short_prompts_drains_a_roomful_per_iteration():
+    """The waiting prompts ride together in the next iteration's room (budget less the decodes), so a queue of
+    200-token prompts drains (8192 - 250) // 200 = 39 per iteration: 250 clients on a cache that holds them all
+    wait for about one iteration, not for 250 prompts served one after another."""
+    from meshplan.cost.serve_load import predict_load
+
+    ctx = _ctx("nim-1.8")
+    work = Workload(input_len=200, output_len=200, concurrency=250)
+    st = chunked_state(ctx, work, resident=250)
+    assert st.decoding == 250 and st.prompts == (8192 - 250) // 200
+    pred = predict_load(ctx, work)
+    assert pred.resident == 250 and pred.limited_by == "load"
+    assert pred.queue_wait < st.t_mixed and not pred.queue_dominated
+    # A 5000-token prompt fills the room alone: the queue drains one prompt per iteration.
+    assert chunked_state(ctx, Workload(input_len=5000, output_len=500), resident=8).prompts == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from meshplan import catalog
+from meshplan.cost.memory import layer_params
 from meshplan.cost.serve_load import fit_check, kv_capacity_tokens, predict_load
 from meshplan.cost.serve_step import (
     GiB,
@@ -50,6 +51,20 @@ def test_vllm_sizes_its_cache_from_total_memory():
     free = 0.9 * 79.1 * GiB - w - activation_bytes(c.model, c.plan, c.engine) - c.engine.runtime_reserve_gib * GiB
     # 79.1 GiB: what CUDA reports on an H100 80GB; 32 x 2 x 8 x 128 x 2 B per token, in whole 16-token blocks
     assert kv_capacity_tokens(c) == pytest.approx(free / 131_072, abs=16)
+
+
+def test_fp8_weights_keep_the_embedding_and_head_in_16_bits():
+    """fp8 recipes quantize the decoder's linear layers only: Llama-3.1-70B at tp 2 holds half of its 68.45 B layer
+    parameters at one byte and half of the 2 x 128,256 x 8192 embedding and head at two."""
+    c = ctx_of(tp=2, precision="fp8", kv_dtype="fp8", engine="trtllm")
+    m = c.model
+    tables = 2 * m.vocab * m.hidden
+    layers = sum(sum(layer_params(b.layer)) for b, _ in m.layers())
+    assert weight_bytes_per_gpu(m, c.plan) == pytest.approx(layers / 2 * 1.0 + tables / 2 * 2.0)
+    assert layers == pytest.approx(68.45e9, rel=0.01)
+    # bf16 weights: everything at two bytes.
+    b = ctx_of(tp=2, engine="trtllm")
+    assert weight_bytes_per_gpu(m, b.plan) == pytest.approx((layers + tables) / 2 * 2.0)
 
 
 def test_cuda_graph_padding_is_piecewise():

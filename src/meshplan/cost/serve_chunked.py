@@ -36,6 +36,8 @@ class ChunkedState:
     """An iteration carrying a chunk."""
     first: float
     """The iterations that prefill one prompt, to its first token."""
+    prompts: int = 1
+    """Whole prompts one iteration's room holds: the batch a waiting queue is served in."""
 
     @property
     def iteration(self) -> float:
@@ -65,4 +67,4 @@ def chunked_state(ctx: StepContext, work: Workload, resident: int) -> ChunkedSta
     # A prompt longer than the room rides in I / room iterations' worth of full chunks (its last one partial).
     first = max(mean_in / room, 1.0) * t_mixed
     return ChunkedState(decoding=n_d, chunk=chunk, share=share, t_decode=decode_time(ctx, batch=n_d, context=context),
-                        t_mixed=t_mixed, first=first)
+                        t_mixed=t_mixed, first=first, prompts=max(int(room // max(mean_in, 1.0)), 1))

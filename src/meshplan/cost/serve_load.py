@@ -181,7 +181,8 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
     if ctx.engine.mixed_batches:  # one mixed steady state serves the step, the stall and the wait
         st = chunked_state(ctx, work, resident)
         t_d, t_p, cycle, tpot = _chunked_steady(st, work, resident)
-        k, (stall, share) = 1, ((st.t_mixed - st.t_decode, st.share) if resident > 1 else (0.0, 0.0))
+        # A queue of waiting prompts drains ``st.prompts`` per iteration: every one that fits the room joins it
+        k, (stall, share) = st.prompts, ((st.t_mixed - st.t_decode, st.share) if resident > 1 else (0.0, 0.0))
     else:
         t_d, t_p, cycle, tpot = steady_state(ctx, work, resident)
         k = prompts_per_step(ctx, work, resident)

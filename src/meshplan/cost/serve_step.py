@@ -130,17 +130,25 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
 def weight_bytes_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
     """Weight bytes of the fullest GPU: its stage's layers over tp (experts over ep x expert-tp = tp: whole
     experts over ep, each sliced over the rest of tp, as vLLM FusedMoE and SGLang EP place them), embedding on
-    the first stage and the output head on the last (vocab-parallel)."""
+    the first stage and the output head on the last (vocab-parallel), those two at ``table_bytes``."""
     probe = Plan(global_batch=1, seq_len=1, tp=plan.tp)
     worst = 0.0
     stages = stage_blocks(model, plan.pp)
     for i, blocks in enumerate(stages):
-        params = embedding_params(model, probe, first=i == 0, last=i == len(stages) - 1)
+        table = embedding_params(model, probe, first=i == 0, last=i == len(stages) - 1)
+        layers = 0.0
         for b in blocks:
             dense, expert = layer_params(b.layer)
-            params += (dense + expert) / plan.tp
-        worst = max(worst, params * plan.weight_bytes)
+            layers += (dense + expert) / plan.tp
+        worst = max(worst, layers * plan.weight_bytes + table * table_bytes(plan))
     return worst
+
+
+def table_bytes(plan: ServePlan) -> float:
+    """Bytes of an embedding or output-head element: 16-bit under fp8 weights, since fp8 recipes quantize only
+    the decoder's linear layers (NVIDIA ModelOpt's default config disables the ``*lm_head*`` quantizer and has
+    none for embeddings; vLLM's Fp8LinearMethod leaves VocabParallelEmbedding and ParallelLMHead unquantized)."""
+    return max(plan.weight_bytes, 2.0)
 
 
 def activation_element_bytes(plan: ServePlan) -> float:
