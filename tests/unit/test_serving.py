@@ -15,6 +15,7 @@ from meshplan.cost.serve_step import (
     decode_time,
     kv_bytes_per_token,
     kv_bytes_per_token_per_gpu,
+    prefill_time,
     step_context,
     weight_bytes_per_gpu,
 )
@@ -208,3 +209,18 @@ def test_trtllm_bench_sizes_its_engine_from_the_dataset():
     # A profile without the rule is left as profiled.
     assert sized_engine(catalog.engine("vllm"), model, plan, pool, Workload(input_len=128, output_len=128)) \
         == catalog.engine("vllm")
+
+
+def test_host_time_per_sequence_adds_to_every_step():
+    """``seq_host_s`` is host work per running sequence per step: a decode step of 100 sequences gains exactly
+    100 of it, a prefill step of 4 prompts 4, and an engine without it is unchanged."""
+    p = ServePlan(engine="vllm")
+    pool = catalog.cluster("1xh100-sxm").pools[0]
+    model, eng = catalog.model("llama3.1-8b"), catalog.engine("vllm")
+    bare = step_context(model, pool, p, eng, {})
+    busy = step_context(model, pool, p, eng, {"seq_host_s": {"vllm": 2e-5}})
+    assert decode_time(busy, batch=100, context=500) - decode_time(bare, batch=100, context=500) == pytest.approx(2e-3)
+    gap = prefill_time(busy, tokens=300, prompts=4) - prefill_time(bare, tokens=300, prompts=4)
+    assert gap == pytest.approx(4 * 2e-5)
+    other = step_context(model, pool, p, eng, {"seq_host_s": {"sglang": 2e-5}})
+    assert decode_time(other, batch=100, context=500) == decode_time(bare, batch=100, context=500)

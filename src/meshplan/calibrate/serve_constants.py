@@ -1,7 +1,7 @@
 """The serving model's fitted constants: HBM efficiency of decode steps (weight reads, KV-cache reads), the
-prefill attention's and the GEMMs' share of peak per GPU generation, and host time per engine step per engine
-family, in ``serve_constants.toml`` (written by ``scripts/fit_serving.py``, never by
-hand)."""
+prefill attention's and the GEMMs' share of peak per GPU generation, and host time per engine step and per
+sequence in a step per engine family, in ``serve_constants.toml`` (written by ``scripts/fit_serving.py``, never
+by hand)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from importlib import resources
 
 FILE = "serve_constants.toml"
 TABLES = ("decode_mem_eff", "decode_kv_eff", "prefill_attn_eff", "engine_gemm_eff", "step_host_s",
-          "request_s")
+          "seq_host_s", "request_s")
 """decode_mem_eff (weights and activations), decode_kv_eff (the KV cache a decode step's attention streams),
 prefill_attn_eff and engine_gemm_eff (share of the dtype's peak an engine's GEMMs reach): by GPU generation;
-step_host_s and request_s: by engine profile name or family."""
+step_host_s, seq_host_s (per running sequence) and request_s: by engine profile name or family."""
 
 
 @lru_cache(maxsize=1)

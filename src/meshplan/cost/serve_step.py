@@ -54,6 +54,11 @@ class StepContext:
     step_host_s: float
     """Host time per engine step that no device work hides (scheduling, input preparation, sampling launch,
     detokenisation hand-off) (s): the serving calibration's per-engine constant."""
+    seq_host_s: float = 0.0
+    """Host time per running sequence per engine step that no device work hides (gathering its next input token,
+    checking its stop conditions, handing its new token to the detokenizer: Python loops over the batch in
+    schedulers that do not overlap the next step, such as sglang@v0.3.0 managers/tp_worker.py
+    forward_decode_batch) (s): the serving calibration's per-engine constant."""
     kv_eff: float = 0.0
     """Fraction of HBM bandwidth a decode step's attention reaches streaming the KV cache (paged decode kernels:
     vLLM paged attention, FlashInfer, TRT-LLM XQA), a different kernel from the weight-streaming GEMMs that
@@ -87,7 +92,13 @@ def step_context(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EnginePr
         t = constants.get(table, {})
         return t.get(engine.name, t.get(engine.engine, 0.0))
     return StepContext(model=model, pool=pool, plan=plan, engine=engine, calib=calib, kv_eff=kv_eff,
-                       step_host_s=per_engine("step_host_s"), request_s=per_engine("request_s"))
+                       step_host_s=per_engine("step_host_s"), seq_host_s=per_engine("seq_host_s"),
+                       request_s=per_engine("request_s"))
+
+
+def host_time(ctx: StepContext, seqs: int) -> float:
+    """Host time of one engine step over ``seqs`` sequences: the per-step part plus the per-sequence part."""
+    return ctx.step_host_s + seqs * ctx.seq_host_s
 
 
 def kv_bytes_per_token(layer: LayerSpec, kv_bytes: float) -> float:
@@ -295,7 +306,7 @@ def prefill_time(ctx: StepContext, *, tokens: int, prompts: int = 1) -> float:
     rows = tokens * prompts
     t = sum(stage_time(ctx, blocks, tokens=rows, seq=tokens, kv_tokens=0.0,
                        head_rows=prompts if i == len(stages) - 1 else 0) for i, blocks in enumerate(stages))
-    return t + (len(stages) - 1) * _p2p(ctx, rows) + ctx.step_host_s
+    return t + (len(stages) - 1) * _p2p(ctx, rows) + host_time(ctx, prompts)
 
 
 def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:
@@ -309,7 +320,7 @@ def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:
     slowest = max(stage_time(ctx, blocks, tokens=rows, seq=int(context), kv_tokens=micro * context,
                              head_rows=rows if i == len(stages) - 1 else 0) for i, blocks in enumerate(stages))
     launches = 0.0 if ctx.engine.uses_graph(micro) else _eager_launches(ctx)
-    return pp * (slowest + launches) + (pp - 1) * _p2p(ctx, micro) + ctx.step_host_s
+    return pp * (slowest + launches) + (pp - 1) * _p2p(ctx, micro) + host_time(ctx, batch)
 
 
 def mixed_time(ctx: StepContext, *, batch: int, context: float, chunk: int, seq: int) -> float:
@@ -325,7 +336,7 @@ def mixed_time(ctx: StepContext, *, batch: int, context: float, chunk: int, seq:
     stages = stage_blocks(ctx.model, pp)
     slowest = max(_mixed_stage(ctx, blocks, decode=micro, context=context, chunk=part, seq=seq,
                                last=i == len(stages) - 1) for i, blocks in enumerate(stages))
-    return pp * max(slowest, _eager_launches(ctx)) + (pp - 1) * _p2p(ctx, micro + part) + ctx.step_host_s
+    return pp * max(slowest, _eager_launches(ctx)) + (pp - 1) * _p2p(ctx, micro + part) + host_time(ctx, batch)
 
 
 def _mixed_stage(ctx: StepContext, blocks: list[BlockSpec], *, decode: int, context: float, chunk: int, seq: int,
@@ -373,5 +384,5 @@ def decode_breakdown(ctx: StepContext, *, batch: int, context: float) -> dict[st
     out = {k: pp * v for k, v in best.items()}
     out["launches"] = 0.0 if ctx.engine.uses_graph(micro) else pp * _eager_launches(ctx)
     out["pp_sends"] = (pp - 1) * _p2p(ctx, micro)
-    out["host"] = ctx.step_host_s
+    out["host"] = host_time(ctx, batch)
     return out
