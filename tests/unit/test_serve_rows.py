@@ -10,9 +10,10 @@ import pytest
 
 from meshplan import catalog
 from meshplan.calibrate.serve_constants import load_constants
-from meshplan.calibrate.serve_validate import row_load, row_workload
+from meshplan.calibrate.serve_validate import reported, row_load, row_workload
 from meshplan.cost.serve_load import predict_load
 from meshplan.cost.serve_step import step_context
+from meshplan.cost.serve_tail import quantile
 from meshplan.errors import SpecError
 from meshplan.spec.serving import ServePlan, Workload
 
@@ -76,3 +77,19 @@ def test_multi_step_rounds_delay_the_first_token_by_half_a_round():
     off = Workload(input_len=512, output_len=128)
     assert predict_load(ctx_of("vllm-0.6.0", multi_step=10), off).ttft == pytest.approx(
         predict_load(ctx_of("vllm-0.6.0", multi_step=1), off).ttft)
+
+
+def test_a_harness_that_publishes_medians_is_read_at_the_median():
+    """The SGLang benchmark's tables are medians (``reports = "median"``): its ITL row reads the median gap, a
+    plain decode step while under half of the steps carry a prefill, and its TTFT the median wait; NIM's means
+    stay the mean."""
+    eng = catalog.engine("sglang-0.3.0")
+    assert eng.reports == "median" and catalog.engine("nim-1.8").reports == "mean"
+    ctx = ctx_of("sglang-0.3.0")
+    pred = predict_load(ctx, Workload(input_len=224, output_len=198, rate=4.0))
+    assert 0 < pred.stall_share < 0.5
+    assert reported(pred, "itl_ms", eng) == pytest.approx(1e3 * (pred.tpot - pred.stall_share * pred.stall))
+    assert reported(pred, "itl_ms", eng) < pred.metric("itl_ms")
+    assert reported(pred, "ttft_ms", eng) == pytest.approx(1e3 * quantile(pred, "ttft", 0.5))
+    assert reported(pred, "output_tokens_per_s", eng) == pred.metric("output_tokens_per_s")
+    assert reported(pred, "itl_ms", catalog.engine("nim-1.8")) == pred.metric("itl_ms")

@@ -14,6 +14,7 @@ from meshplan import catalog
 from meshplan.cost.serve_load import fit_check, predict_load
 from meshplan.cost.serve_sizing import sized_engine
 from meshplan.cost.serve_step import step_context
+from meshplan.cost.serve_tail import quantile
 from meshplan.errors import MeshplanError, SpecError
 from meshplan.spec.engine import EngineProfile
 from meshplan.spec.serving import ServePlan, Workload
@@ -173,7 +174,20 @@ def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
     if not measured > 0:
         raise SpecError(f"{row['id']}.value", row["value"], "must be a positive measurement")
     return ServeRow(id=row["id"], metric=metric, engine=engine.name, gpu=gpu.name, measured=measured,
-                    predicted=pred.metric(metric), queue_dominated=pred.queue_dominated), ""
+                    predicted=reported(pred, metric, engine), queue_dominated=pred.queue_dominated), ""
+
+
+LATENCIES = {"ttft_ms": ("ttft", 1e3), "tpot_ms": ("tpot", 1e3), "itl_ms": ("itl", 1e3), "e2e_latency_s": ("e2e", 1.0)}
+"""Latency metrics by their ``serve_tail`` name and unit scale."""
+
+
+def reported(pred, metric: str, engine: EngineProfile) -> float:
+    """The prediction as the row's harness reports it: a latency's median where the profile says its source
+    publishes medians (``serve_tail.quantile`` at 0.5), else the mean."""
+    if engine.reports == "median" and metric in LATENCIES:
+        name, scale = LATENCIES[metric]
+        return scale * quantile(pred, name, 0.5)
+    return pred.metric(metric)
 
 
 def validate_serving_csv(path: str | Path, constants: dict | None = None) -> ServeReport:

@@ -17,6 +17,8 @@ FAMILY_NAMES = {"vllm": ("vllm",), "sglang": ("sglang",),
 ENGINES = tuple(FAMILY_NAMES)
 KV_FRACTION_OF = ("total", "free", "static")
 ADMISSIONS = ("lazy", "reserve")
+REPORTS = ("mean", "median")
+"""Statistics a harness reports its latencies as (``EngineProfile.reports``)."""
 BUILD_SIZINGS = ("none", "trtllm-bench")
 """Rules a benchmark tool sizes the engine's caps by from the workload (``cost.serve_sizing.SIZINGS``)."""
 
@@ -84,12 +86,15 @@ class EngineProfile:
     multi_step: int = 1
     """Decode steps scheduled per host round (vLLM ``--num-scheduler-steps``); streamed chunks carry that many
     tokens, so ITL is that many steps."""
+    reports: str = "mean"
+    """The statistic a harness profile's published latencies are: ``mean`` or ``median`` (over requests for
+    TTFT, TPOT and end-to-end latency, over streamed gaps for ITL)."""
     sources: dict = field(default_factory=dict, compare=False, hash=False)
     """Field name -> the public source of its value."""
 
     def __post_init__(self) -> None:
         for name, opts in (("engine", ENGINES), ("kv_fraction_of", KV_FRACTION_OF), ("admission", ADMISSIONS),
-                           ("build_sizing", BUILD_SIZINGS)):
+                           ("build_sizing", BUILD_SIZINGS), ("reports", REPORTS)):
             if getattr(self, name) not in opts:
                 raise SpecError(f"engine.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
         if not 0 < self.kv_memory_fraction <= 1:
