@@ -59,21 +59,26 @@ def keys(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
     """The constants the rows can inform, each with the rows it moves: the kernel efficiencies per GPU generation
     present, a step time per engine profile present. The GEMM efficiency is read on replicas of one GPU only,
     where no collective shares the step, so that a term the interconnect model lacks (PCIe servers whose TP
-    groups cross CPU sockets) cannot hide in it."""
+    groups cross CPU sockets) cannot hide in it. The host time per sequence belongs to the scheduler's code, one
+    per engine family (TensorRT-LLM's C++ executor under trtllm-bench, NIM and MLPerf alike), so a source that
+    runs only small batches cannot set it for the others."""
     gens: dict[str, list[dict]] = {}
     alone: dict[str, list[dict]] = {}
     engines: dict[str, list[dict]] = {}
+    families: dict[str, list[dict]] = {}
     for row in rows:
         try:
             gen = catalog.gpu(row["gpu_key"].strip()).generation
-            engines.setdefault(row_engine(row).name, []).append(row)
+            engine = row_engine(row)
         except MeshplanError:
             continue
+        engines.setdefault(engine.name, []).append(row)
+        families.setdefault(engine.engine, []).append(row)
         gens.setdefault(gen, []).append(row)
         if _one_gpu(row):
             alone.setdefault(gen, []).append(row)
     return {"decode_mem_eff": gens, "decode_kv_eff": gens, "prefill_attn_eff": gens, "engine_gemm_eff": alone,
-            "step_host_s": engines, "seq_host_s": engines}
+            "step_host_s": engines, "seq_host_s": families}
 
 
 def _one_gpu(row: dict) -> bool:
