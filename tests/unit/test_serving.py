@@ -224,3 +224,16 @@ def test_host_time_per_sequence_adds_to_every_step():
     assert gap == pytest.approx(4 * 2e-5)
     other = step_context(model, pool, p, eng, {"seq_host_s": {"sglang": 2e-5}})
     assert decode_time(other, batch=100, context=500) == decode_time(bare, batch=100, context=500)
+
+
+def test_every_tp_all_reduce_pays_the_barrier_constant():
+    """``allreduce_s`` is added to each TP all-reduce: a decode step of a 32-layer model at tp 2 gains 2 x 32 of
+    it (one after attention, one after the MLP), a single GPU nothing."""
+    model, eng = catalog.model("llama3.1-8b"), catalog.engine("vllm")
+    for tp, calls in ((1, 0), (2, 2 * model.n_layers)):
+        p = ServePlan(tp=tp, engine="vllm")
+        pool = catalog.cluster(f"{tp}xh100-sxm").pools[0]
+        bare = step_context(model, pool, p, eng, {})
+        slow = step_context(model, pool, p, eng, {"allreduce_s": {"hopper": 1e-5}})
+        gap = decode_time(slow, batch=8, context=500) - decode_time(bare, batch=8, context=500)
+        assert gap == pytest.approx(calls * 1e-5, abs=1e-9)

@@ -11,9 +11,10 @@ from importlib import resources
 
 FILE = "serve_constants.toml"
 TABLES = ("decode_mem_eff", "decode_kv_eff", "prefill_attn_eff", "engine_gemm_eff", "step_host_s",
-          "seq_host_s", "request_s")
+          "seq_host_s", "allreduce_s", "request_s")
 """decode_mem_eff (weights and activations), decode_kv_eff (the KV cache a decode step's attention streams),
-prefill_attn_eff and engine_gemm_eff (share of the dtype's peak an engine's GEMMs reach): by GPU generation;
+prefill_attn_eff and engine_gemm_eff (share of the dtype's peak an engine's GEMMs reach), allreduce_s (time per TP
+all-reduce beyond its link's latency and bandwidth): by GPU generation;
 step_host_s, seq_host_s (per running sequence) and request_s: by engine profile name or family."""
 
 

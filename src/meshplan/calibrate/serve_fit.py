@@ -19,14 +19,18 @@ GRIDS = {"decode_mem_eff": [0.5 + 0.05 * i for i in range(10)],
          "prefill_attn_eff": [0.3 + 0.05 * i for i in range(10)],
          "engine_gemm_eff": [0.5 + 0.05 * i for i in range(8)],
          "step_host_s": [0.0005 * i for i in range(11)],
-         "seq_host_s": [0.0, 5e-6, 1e-5, 2e-5, 3e-5, 4e-5, 5e-5, 6e-5, 8e-5, 1e-4]}
+         "seq_host_s": [0.0, 5e-6, 1e-5, 2e-5, 3e-5, 4e-5, 5e-5, 6e-5, 8e-5, 1e-4],
+         "allreduce_s": [2.5e-6 * i for i in range(17)]}
 """Searched values: HBM efficiency 0.50-0.95 (weight reads; KV-cache reads); prefill attention 0.30-0.75 of the
 16-bit peak (the physical range of forward kernels: FlashAttention-2 forward reaches 50-73 % on A100, Dao 2023;
 FlashAttention-3 up to 75 % on H100, Shah et al. 2024); an engine's GEMMs 0.50-0.85 of the dtype's dense peak
 (cuBLASLt/CUTLASS at inference shapes); host time per step 0-5 ms, and per running sequence per step 0-100 us
-(a Python loop's few microseconds to a pickled hand-off's tens). ``request_s`` (time outside the engine)
-is not fitted: the single-client TTFT rows, where it would show, are met within 5 % without it, and the rows that
-would pull it up are those whose queueing the model under-predicts (high concurrency), which it must not hide."""
+(a Python loop's few microseconds to a pickled hand-off's tens); per TP all-reduce beyond its link's alpha-beta
+time 0-40 us (the custom kernels' cross-rank flag barrier waits for the slowest rank; by GPU generation, since the
+engines' one-shot kernels share it; Ada's value is its PCIe servers', which reach the top of the range).
+``request_s`` (time outside the engine) is not fitted: the single-client TTFT rows, where it would show, are met
+within 5 % without it, and the rows that would pull it up are those whose queueing the model under-predicts (high
+concurrency), which it must not hide."""
 GROUPS = {"ttft_ms": "ttft", "itl_ms": "token", "tpot_ms": "token", "e2e_latency_s": "token",
           "output_tokens_per_s": "throughput", "requests_per_s": "throughput"}
 
@@ -61,7 +65,8 @@ def keys(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
     where no collective shares the step, so that a term the interconnect model lacks (PCIe servers whose TP
     groups cross CPU sockets) cannot hide in it. The host time per sequence belongs to the scheduler's code, one
     per engine family (TensorRT-LLM's C++ executor under trtllm-bench, NIM and MLPerf alike), so a source that
-    runs only small batches cannot set it for the others."""
+    runs only small batches cannot set it for the others. The all-reduce barrier is per GPU generation: held out,
+    an engine family would lose it, and its TP rows would fall back on the HBM efficiency to absorb it."""
     gens: dict[str, list[dict]] = {}
     alone: dict[str, list[dict]] = {}
     engines: dict[str, list[dict]] = {}
@@ -78,7 +83,7 @@ def keys(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
         if _one_gpu(row):
             alone.setdefault(gen, []).append(row)
     return {"decode_mem_eff": gens, "decode_kv_eff": gens, "prefill_attn_eff": gens, "engine_gemm_eff": alone,
-            "step_host_s": engines, "seq_host_s": families}
+            "step_host_s": engines, "seq_host_s": families, "allreduce_s": gens}
 
 
 def _one_gpu(row: dict) -> bool:

@@ -59,6 +59,9 @@ class StepContext:
     checking its stop conditions, handing its new token to the detokenizer: Python loops over the batch in
     schedulers that do not overlap the next step, such as sglang@v0.3.0 managers/tp_worker.py
     forward_decode_batch) (s): the serving calibration's per-engine constant."""
+    allreduce_s: float = 0.0
+    """Time per TP all-reduce beyond its link's latency and bandwidth: the engine kernel's cross-rank barrier, which
+    waits for the slowest rank of the group (s): the serving calibration's constant per GPU generation."""
     kv_eff: float = 0.0
     """Fraction of HBM bandwidth a decode step's attention reaches streaming the KV cache (paged decode kernels:
     vLLM paged attention, FlashInfer, TRT-LLM XQA), a different kernel from the weight-streaming GEMMs that
@@ -93,6 +96,7 @@ def step_context(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EnginePr
         return t.get(engine.name, t.get(engine.engine, 0.0))
     return StepContext(model=model, pool=pool, plan=plan, engine=engine, calib=calib, kv_eff=kv_eff,
                        step_host_s=per_engine("step_host_s"), seq_host_s=per_engine("seq_host_s"),
+                       allreduce_s=constants.get("allreduce_s", {}).get(pool.gpu.generation, 0.0),
                        request_s=per_engine("request_s"))
 
 
@@ -208,8 +212,8 @@ def allreduce_time(ctx: StepContext, nbytes: float) -> float:
         return 0.0
     link = plan_links(_probe(ctx, 1), ctx.pool).tp
     if nbytes <= ctx.engine.custom_allreduce_bytes and link.level == "nvlink":
-        return 2 * link.latency + (tp - 1) * nbytes / (link.bandwidth * ctx.calib.intra_eff)
-    return collective_time("all_reduce", nbytes, size=tp, link=link, calib=ctx.calib)
+        return 2 * link.latency + (tp - 1) * nbytes / (link.bandwidth * ctx.calib.intra_eff) + ctx.allreduce_s
+    return collective_time("all_reduce", nbytes, size=tp, link=link, calib=ctx.calib) + ctx.allreduce_s
 
 
 def experts_touched(n_local: int, n_experts: int, top_k: int, tokens: int) -> float:
