@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshplan import catalog
-from meshplan.cost.serve_load import fit_check, predict_load
+from meshplan.cost.serve_load import ServePrediction, fit_check, predict_load
 from meshplan.cost.serve_sizing import sized_engine
 from meshplan.cost.serve_step import step_context
 from meshplan.cost.serve_tail import quantile
@@ -181,7 +181,7 @@ LATENCIES = {"ttft_ms": ("ttft", 1e3), "tpot_ms": ("tpot", 1e3), "itl_ms": ("itl
 """Latency metrics by their ``serve_tail`` name and unit scale."""
 
 
-def reported(pred, metric: str, engine: EngineProfile) -> float:
+def reported(pred: ServePrediction, metric: str, engine: EngineProfile) -> float:
     """The prediction as the row's harness reports it: a latency's median where the profile says its source
     publishes medians (``serve_tail.quantile`` at 0.5), else the mean."""
     if engine.reports == "median" and metric in LATENCIES:

@@ -58,7 +58,7 @@ class StepContext:
     """Host time per running sequence per engine step that no device work hides (gathering its next input token,
     checking its stop conditions, handing its new token to the detokenizer: Python loops over the batch in
     schedulers that do not overlap the next step, such as sglang@v0.3.0 managers/tp_worker.py
-    forward_decode_batch) (s): the serving calibration's per-engine constant."""
+    forward_decode_batch) (s): the serving calibration's constant per engine family."""
     allreduce_s: float = 0.0
     """Time per TP all-reduce beyond its link's latency and bandwidth: the engine kernel's cross-rank barrier, which
     waits for the slowest rank of the group (s): the serving calibration's constant per GPU generation."""
