@@ -26,13 +26,23 @@ def test_no_row_that_ran_is_called_out_of_memory(report):
 
 def test_decode_and_throughput_errors(report):
     s = report.summary()
-    # Measured at the shipped constants: ITL MAPE 7.3 %, throughput 8.1 %, TPOT 15.3 % (README, stop 27).
-    assert s["itl_ms"]["mape_pct"] < 15 and s["itl_ms"]["median_ape_pct"] < 10
-    assert s["output_tokens_per_s"]["mape_pct"] < 20
+    # Measured at the shipped constants: ITL MAPE 5.2 % (median 4.5 %), throughput 6.7 %, TPOT 10.7 % (README,
+    # stop 29; stop 27: 7.3 %, 8.1 %, 15.3 %).
+    assert s["itl_ms"]["mape_pct"] < 10 and s["itl_ms"]["median_ape_pct"] < 8
+    assert s["output_tokens_per_s"]["mape_pct"] < 12
+    assert s["tpot_ms"]["mape_pct"] < 16
     assert len(report.rows) >= 450
 
 
+def test_queue_dominated_ttft_within_twice(report):
+    """Where TTFT is mostly waiting for the cache, the wait is within 2x on all but a few rows (measured: 17 of 19;
+    the two outside are NIM 70B TP2 at the cache's edge, 0.47-0.50x)."""
+    q = [r for r in report.rows if r.metric == "ttft_ms" and r.queue_dominated]
+    inside = [r for r in q if 0.5 <= r.predicted / r.measured <= 2]
+    assert len(q) >= 15 and len(inside) >= len(q) - 3
+
+
 def test_single_client_ttft(report):
-    """TTFT outside queueing (one client): prefill plus a decode step, within 25 % on average (measured 18.9 %)."""
+    """TTFT outside queueing (one client): prefill plus a decode step, within 25 % on average (measured 12.0 %)."""
     ape = [abs(r.error_pct) for r in report.rows if r.metric == "ttft_ms" and r.id.endswith("-c1-ttft")]
     assert len(ape) >= 15 and sum(ape) / len(ape) < 25
