@@ -60,6 +60,18 @@ def launch(cfgs: list[RunConfig], *, nproc: int, tmp: Path, timeout: float = 240
                                        (done.stderr or "") + note)
 
 
+def meshplan_cli(*args: str, timeout: float = 180, cwd: Path | str | None = None) -> subprocess.CompletedProcess:
+    """``python -m meshplan.cli ARGS`` as a user runs it, captured; a launch whose gloo rank aborted natively is
+    rerun once, as ``launch`` does (CI saw ``meshplan run`` abort so, "terminate called without an active
+    exception", on a test that passes alone). For commands that start fresh: a rerun must see the same state."""
+    cmd = [python(), "-m", "meshplan.cli", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    if proc.returncode and CRASH.search(proc.stderr or ""):
+        print(f"warning: a rank crashed natively, rerunning once:\n{root_cause(proc.stderr or '')}", file=sys.stderr)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    return proc
+
+
 def root_cause(text: str, limit: int = 40) -> str:
     """The first lines of the workers' output that say why they failed (the full log is long tracebacks)."""
     return "\n".join([line for line in text.splitlines() if ROOT_CAUSE.search(line)][:limit])

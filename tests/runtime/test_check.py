@@ -15,6 +15,8 @@ from meshplan.runtime.closed_loop import covering, enumerate_plans, plan_label
 
 pytest.importorskip("torch")
 
+from runtime_helpers import meshplan_cli  # noqa: E402
+
 
 def test_kendall_tau_by_hand():
     assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)  # 2 concordant, 1 discordant of 3
@@ -89,9 +91,8 @@ def test_gpu_check_needs_a_gpu_profile():
 @pytest.fixture(scope="module")
 def closed_loop(tmp_path_factory, local_profile) -> dict:
     out = tmp_path_factory.mktemp("check")
-    proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "check", "--model", "small-llama", "--nproc", "2",
-                           "--hardware", local_profile, "--warmup", "1", "--rounds", "2", "--json"],
-                          capture_output=True, text=True, timeout=600, cwd=out)
+    proc = meshplan_cli("check", "--model", "small-llama", "--nproc", "2", "--hardware", local_profile, "--warmup",
+                        "1", "--rounds", "2", "--json", timeout=600, cwd=out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
@@ -102,9 +103,8 @@ def test_serving_check_decodes_the_reference_tokens_and_ranks_cases(local_profil
     # 8 closed-loop cases (tp1 x 2 replicas and tp2; 1-8 clients; 32-128 prompt tokens) served by the runtime's
     # decoder with a KV cache and continuous batching. Three runs here: TTFT tau 0.71-0.86, TPOT tau 0.71-0.79
     # (issue 14 asks >= 0.7); the bounds leave room for a loaded machine.
-    proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "check", "--serve", "--model", "tiny-llama",
-                           "--nproc", "2", "--hardware", local_profile, "--json"], capture_output=True, text=True,
-                          timeout=600)
+    proc = meshplan_cli("check", "--serve", "--model", "tiny-llama", "--nproc", "2", "--hardware", local_profile,
+                        "--json", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout)
     assert res["n_cases"] >= 8 and res["token_mismatches"] == []

@@ -7,7 +7,7 @@ import json
 import subprocess
 
 import pytest
-from runtime_helpers import python
+from runtime_helpers import meshplan_cli
 
 pytestmark = pytest.mark.runtime
 
@@ -23,7 +23,7 @@ precision = "fp32"
 
 
 def _meshplan(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([python(), "-m", "meshplan.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return meshplan_cli(*args, timeout=timeout)
 
 
 def test_run_trains_on_the_corpus_and_writes_metrics_and_a_trace(tmp_path):
