@@ -6,7 +6,8 @@ import pytest
 
 from meshplan import catalog
 from meshplan.cost.comm import collective_time
-from meshplan.cost.estimate import estimate, model_flops
+from meshplan.cost.estimate import estimate
+from meshplan.cost.flops import model_flops
 from meshplan.cost.memory import (
     RankLoad,
     act_bytes_per_token,

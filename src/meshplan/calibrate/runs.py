@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from meshplan import catalog
-from meshplan.cost.estimate import model_flops
+from meshplan.cost.flops import model_flops
 from meshplan.cost.stage import mtp_depth
 from meshplan.errors import MeshplanError, SpecError
 from meshplan.spec.checks import plan_violations, stack_violations
