@@ -237,7 +237,11 @@ def test_approximations_name_what_the_release_lacks(exports):
                                                                                       multi_step=4)})
     assert any("multi_step=4" in a for a in multi.approximations) and "APPROXIMATE" in multi.files["launch.sh"]
     t017 = exports["trtllm017-tp4"].approximations
-    assert any("chunked prefill" in a for a in t017) and any("GUARANTEED_NO_EVICT" in a for a in t017)
+    # trtllm-bench 0.17 admits GUARANTEED_NO_EVICT, trtllm-serve's only policy: nothing to approximate there
+    assert any("chunked prefill" in a for a in t017) and not any("GUARANTEED_NO_EVICT" in a for a in t017)
+    lazy = export_serving(**{**case("trtllm017-tp4"), "engine": dataclasses.replace(catalog.engine("trtllm-0.17"),
+                                                                                      admission="lazy")})
+    assert any("GUARANTEED_NO_EVICT" in a for a in lazy.approximations)
     sgl030 = export_serving(**{**case("sglang030-closed"), "model": catalog.model("mixtral-8x7b"),
                                "plan": ServePlan(tp=2, ep=2)})
     assert any("no --ep-size" in a for a in sgl030.approximations)

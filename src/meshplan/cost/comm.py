@@ -45,7 +45,21 @@ def collective_time(kind: str, nbytes: float, *, size: int, link: GroupLink, cal
         return 0.0
     c = COLLECTIVES[kind]
     eff = calib.intra_eff if link.level == "nvlink" else calib.inter_eff
+    if link.level == "pcie":
+        eff = pcie_ring_eff(size)
     return c.steps(size) * link.latency + c.bus_factor(size) * nbytes / (link.bandwidth * eff)
+
+
+PCIE_RING_EFF = ((4, 35.0 / 63.0), (2**31, 28.0 / 63.0))
+"""(most ranks, NCCL ring bus bandwidth over one GPU's PCIe link) in a PCIe-only node: measured all-reduce busbw
+of 35 GB/s on 4 and 28 GB/s on 8 GPUs of a dual-socket host, of PCIe Gen5 x16's 63 GB/s (NVIDIA/nccl#1639; the
+maintainer: on PCIe the CPUs' and memory's bandwidth sets it, every GPU's flows crossing the host)."""
+
+
+def pcie_ring_eff(size: int) -> float:
+    """Share of a GPU's PCIe bandwidth an NCCL ring of ``size`` ranks in a PCIe-only node reaches (``PCIE_RING_EFF``:
+    groups of a socket's GPUs or fewer, then groups that cross sockets)."""
+    return next(eff for most, eff in PCIE_RING_EFF if size <= most)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -316,7 +316,9 @@ def prefill_time(ctx: StepContext, *, tokens: int, prompts: int = 1) -> float:
 def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:
     """Seconds for every one of ``batch`` running sequences (mean ``context`` cached tokens) to gain one token:
     the batch padded to the engine's CUDA-graph size, split into pp micro-batches that flow through the stages
-    (a stage's time at batch/pp, pp of them per step, plus the sends), plus one engine step of host time."""
+    (a stage's time at batch/pp, pp of them per step, plus the sends), plus one engine step of host time. Above
+    the largest CUDA graph the kernels are launched one by one, asynchronously (TRT-LLM enqueues its engine, PyTorch
+    queues its kernels), so the launches bound a stage only when they outlast its kernels, as in ``mixed_time``."""
     pp = ctx.plan.pp
     micro = max(-(-batch // pp), 1)
     rows = ctx.engine.graph_batch(micro)
@@ -324,7 +326,7 @@ def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:
     slowest = max(stage_time(ctx, blocks, tokens=rows, seq=int(context), kv_tokens=micro * context,
                              head_rows=rows if i == len(stages) - 1 else 0) for i, blocks in enumerate(stages))
     launches = 0.0 if ctx.engine.uses_graph(micro) else _eager_launches(ctx)
-    return pp * (slowest + launches) + (pp - 1) * _p2p(ctx, micro) + host_time(ctx, batch)
+    return pp * max(slowest, launches) + (pp - 1) * _p2p(ctx, micro) + host_time(ctx, batch)
 
 
 def mixed_time(ctx: StepContext, *, batch: int, context: float, chunk: int, seq: int) -> float:
@@ -370,8 +372,8 @@ def _eager_launches(ctx: StepContext) -> float:
 
 def decode_breakdown(ctx: StepContext, *, batch: int, context: float) -> dict[str, float]:
     """``decode_time`` by where the time goes (sums to it): the slowest stage's GEMMs (weight reads), KV reads,
-    elementwise passes, TP all-reduces and output head, times pp micro-batches, plus eager launches, stage sends
-    and host time."""
+    elementwise passes, TP all-reduces and output head, times pp micro-batches, plus the time by which eager
+    launches outlast the kernels, stage sends and host time."""
     pp = ctx.plan.pp
     micro = max(-(-batch // pp), 1)
     rows = ctx.engine.graph_batch(micro)
@@ -386,7 +388,8 @@ def decode_breakdown(ctx: StepContext, *, batch: int, context: float) -> dict[st
         if sum(parts.values()) > sum(best.values()):
             best = parts
     out = {k: pp * v for k, v in best.items()}
-    out["launches"] = 0.0 if ctx.engine.uses_graph(micro) else pp * _eager_launches(ctx)
+    eager = 0.0 if ctx.engine.uses_graph(micro) else _eager_launches(ctx)
+    out["launches"] = pp * max(eager - sum(best.values()), 0.0)
     out["pp_sends"] = (pp - 1) * _p2p(ctx, micro)
     out["host"] = host_time(ctx, batch)
     return out

@@ -20,7 +20,7 @@ class NetworkLevel:
     """One level of the network hierarchy."""
 
     name: str
-    """``nvlink``, ``leaf``, ``spine``..."""
+    """``nvlink``, ``pcie`` (a node without NVLink), ``leaf``, ``spine``..."""
     span: int
     """GPUs reachable inside one group of this level (8 for an HGX NVLink domain)."""
     bandwidth: float
@@ -61,7 +61,9 @@ class Pool:
         g = self.gpu
         domain = max(min(g.nvlink_domain, self.n_gpus), 1) if g.nvlink_domain >= self.gpus_per_node \
             else self.gpus_per_node
-        inner = NetworkLevel(name="nvlink", span=domain, bandwidth=g.intra_bandwidth, latency=g.intra_latency)
+        # A GPU whose NVLink domain is smaller than its node (L40S, L4, H100 PCIe) reaches the node over PCIe
+        link = "nvlink" if g.nvlink_domain >= self.gpus_per_node else "pcie"
+        inner = NetworkLevel(name=link, span=domain, bandwidth=g.intra_bandwidth, latency=g.intra_latency)
         if self.n_gpus <= domain:
             return (inner,)
         return (inner, NetworkLevel(name="fabric", span=self.n_gpus, bandwidth=g.nic_bandwidth,
