@@ -118,6 +118,20 @@ def test_ring_all_reduce_bus_factor():
         assert collective_time("all_gather", 1e9, size=n, link=link, calib=calib) == pytest.approx(t / 2)
 
 
+def test_pcie_node_rings_at_the_measured_share_of_the_link():
+    # A GPU without NVLink (L40S) reaches its node over PCIe; NCCL's ring there reaches 35/63 of the link on 4 GPUs
+    # and 28/63 on 8 (NVIDIA/nccl#1639), whatever the NVLink efficiency says.
+    gpu = catalog.gpu("l40s")
+    pool = Pool(gpu=gpu, n_gpus=8, gpus_per_node=8)
+    calib = Calibration(intra_eff=1.0)
+    for n, share in ((2, 35 / 63), (4, 35 / 63), (8, 28 / 63)):
+        link = group_link(pool, size=n, stride=1)
+        assert link.level == "pcie"
+        t = collective_time("all_reduce", 1e8, size=n, link=link, calib=calib)
+        assert t == pytest.approx(2 * (n - 1) * link.latency + 2 * (n - 1) / n * 1e8 / (gpu.intra_bandwidth * share))
+    assert group_link(Pool(gpu=catalog.gpu("h100-sxm"), n_gpus=8, gpus_per_node=8), size=8, stride=1).level == "nvlink"
+
+
 def test_group_link_uses_nic_rails_across_nodes():
     gpu = catalog.gpu("h100-sxm")
     pool = Pool(gpu=gpu, n_gpus=64, gpus_per_node=8)

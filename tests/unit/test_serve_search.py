@@ -17,7 +17,13 @@ from meshplan.calibrate.serve_constants import load_constants
 from meshplan.cost.comm import collective_time
 from meshplan.cost.serve_disagg import kv_transfer_time, predict_disagg
 from meshplan.cost.serve_load import ServePrediction, predict_load
-from meshplan.cost.serve_step import decode_breakdown, decode_time, experts_touched, step_context
+from meshplan.cost.serve_step import (
+    allreduce_time,
+    decode_breakdown,
+    decode_time,
+    experts_touched,
+    step_context,
+)
 from meshplan.cost.serve_tail import quantile, wait_quantile
 from meshplan.search.serve import ServeRequest, Slo, search
 from meshplan.search.serve_explain import explain
@@ -88,6 +94,20 @@ def test_disaggregated_decode_carries_no_prefill():
     assert p.ttft >= p.prefill + p.kv_transfer + p.decode_step
     agg = predict_load(_ctx(ServePlan(tp=4)), WORK, replicas=1)
     assert agg.tpot > agg.decode_step  # aggregated: prefills share the decode steps
+
+
+def test_one_shot_all_reduce_needs_nvlink():
+    # TensorRT-LLM's AUTO strategy and vLLM's custom all-reduce fall back to NCCL without NVLink (allreducePlugin.cpp
+    # selectImplementation; custom_all_reduce.py): on 8 PCIe L40S a KB-sized decode all-reduce is NCCL's ring
+    l40s = catalog.cluster("8xl40s").pools[0]
+    ctx = step_context(LLAMA70, l40s, ServePlan(tp=8), catalog.engine("trtllm-0.17"), CONSTS)
+    link = group_link(l40s, size=8, stride=1)
+    nbytes = 64 * 8192 * 2.0
+    ring = collective_time("all_reduce", nbytes, size=8, link=link, calib=ctx.calib) + ctx.allreduce_s
+    assert allreduce_time(ctx, nbytes) == pytest.approx(ring)
+    nv = step_context(LLAMA70, H100X8.pools[0], ServePlan(tp=8), catalog.engine("trtllm-0.17"), CONSTS)
+    h100 = group_link(H100X8.pools[0], size=8, stride=1)
+    assert allreduce_time(nv, nbytes) < collective_time("all_reduce", nbytes, size=8, link=h100, calib=nv.calib)
 
 
 def test_decode_breakdown_sums_to_the_step():
