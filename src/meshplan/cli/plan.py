@@ -7,6 +7,7 @@ printed), 2 for user errors.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -142,86 +143,138 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
     return 0
 
 
-def register(app: typer.Typer) -> None:
-    """Add the ``plan`` command."""
+@dataclass(frozen=True, kw_only=True)
+class PlanArgs:
+    """The options of ``meshplan plan`` as given (``plan``'s parameters, which document each)."""
 
-    @app.command("plan")
-    def plan(
-        model: str = typer.Option(..., "--model", help="Model: catalog name, model file or HF config.json."),
-        gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 1024xa100-80gb or 32xa100-80gb+32xh100-sxm"
-                                 "; +8xserver[@GB/s] adds CPU parameter servers."),
-        cluster: str = typer.Option("", "--cluster", help="Cluster file (pools of GPUs and their network)."),
-        global_batch: int = typer.Option(..., "--global-batch", help="Sequences per optimizer step."),
-        seq_len: int = typer.Option(..., "--seq-len", help="Tokens per sequence."),
-        precision: str = typer.Option("bf16", "--precision", help="bf16, fp16, fp32 or fp8."),
-        max_memory_fraction: Optional[float] = typer.Option(
-            None, "--max-memory-fraction",
-            help="Largest predicted peak as a share of device memory (default: the stack's limit, the largest "
-                 "predicted peak of its published runs, at least 80 %)."),
-        price: str = typer.Option("", "--price", help="Price per GPU-hour: NUMBER or GPU=NUMBER,...; "
-                                                      "switches the objective to tokens per dollar."),
-        top: int = typer.Option(5, "--top", help="Plans in the table."),
-        no_sim: bool = typer.Option(False, "--no-sim", help="Rank with the closed-form pipeline only."),
-        tp: int = typer.Option(0, "--tp", min=0, help="Pin the tensor-parallel degree (0 = the search chooses)."),
-        sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Pin sequence parallelism (default: on "
-                                          "wherever tp > 1 divides the tokens)."),
-        cp: int = typer.Option(0, "--cp", min=0, help="Pin the context-parallel degree (0 = the search chooses)."),
-        cp_kind: str = typer.Option("", "--cp-kind", help="Pin ring or a2a."),
-        pp: int = typer.Option(0, "--pp", min=0, help="Pin the pipeline degree (0 = the search chooses)."),
-        vpp: int = typer.Option(0, "--vpp", min=0,
-                                help="Pin the virtual stages per rank (0 = the search chooses)."),
-        schedule: str = typer.Option("", "--schedule", help="Pin the pipeline schedule (implies pp > 1): 1f1b, "
-                                     "interleaved_1f1b, gpipe, looped_bfs, zb_h1, zbv, dualpipev (those the "
-                                     "--framework runs)."),
-        dp: int = typer.Option(0, "--dp", min=0, help="Pin the data-parallel degree (0 = the search chooses)."),
-        zero: Optional[int] = typer.Option(None, "--zero", help="Pin the ZeRO stage: 0, 1, 2 or 3 (3 = FSDP)."),
-        dp_shard: Optional[int] = typer.Option(None, "--dp-shard", help="Pin the HSDP shard group (with zero 3; "
-                                               "0 = all of dp)."),
-        ep: int = typer.Option(0, "--ep", min=0, help="Pin the expert-parallel degree (0 = the search chooses)."),
-        etp: int = typer.Option(0, "--etp", min=0, help="Pin the experts' tensor-parallel degree (1 or tp; "
-                                "0 = the search chooses)."),
-        micro_batch: int = typer.Option(0, "--micro-batch", min=0, help="Pin the micro-batch size (0 = the search "
-                                        "chooses)."),
-        recompute: str = typer.Option("", "--recompute", help="Pin none, selective or full (default: the least "
-                                      "that fits)."),
-        recompute_layers: Optional[int] = typer.Option(None, "--recompute-layers", help="Pin the fully recomputed "
-                                                       "layers per pipeline rank (0 = all of them)."),
-        framework: str = typer.Option("megatron-core", "--framework",
-                                      help="Software stack the plans run under (catalog/frameworks): its kernels, "
-                                           "FSDP flavour, overlap, and the layouts it can run."),
-        grad_dtype: Optional[str] = typer.Option(None, "--grad-dtype",
-                                                 help="Gradient buffers: fp32, or bf16 (Megatron's precision-aware "
-                                                      "optimizer); default: the framework's."),
-        optimizer_dtype: Optional[str] = typer.Option(None, "--optimizer-dtype",
-                                                      help="Adam moments: fp32 or bf16; default: the framework's."),
-        tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap",
-                                                       help="Overlap TP communication with GEMMs (Megatron/TE "
-                                                            "userbuffers); default: the framework's."),
-        objective: str = typer.Option("", "--objective", help="time (default), cost (with --price) or robust: rank "
-                                      "by the slow end of each plan's 80 % error band."),
-        state_copies: int = typer.Option(0, "--state-copies", min=0, help="Keep this many copies of every "
-                                         "optimizer-state shard off its node, so losing that many nodes needs no "
-                                         "checkpoint (priced in memory and per-step traffic)."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-        out: str = typer.Option("", "--out", help="Write the winner as a plan file (TOML)."),
-    ) -> None:
-        """Find the fastest (or cheapest) parallel layout that fits."""
+    model: str
+    gpus: str
+    cluster: str
+    global_batch: int
+    seq_len: int
+    precision: str
+    max_memory_fraction: Optional[float]
+    price: str
+    top: int
+    no_sim: bool
+    tp: int
+    sp: Optional[bool]
+    cp: int
+    cp_kind: str
+    pp: int
+    vpp: int
+    schedule: str
+    dp: int
+    zero: Optional[int]
+    dp_shard: Optional[int]
+    ep: int
+    etp: int
+    micro_batch: int
+    recompute: str
+    recompute_layers: Optional[int]
+    framework: str
+    grad_dtype: Optional[str]
+    optimizer_dtype: Optional[str]
+    tp_comm_overlap: Optional[bool]
+    objective: str
+    state_copies: int
+    as_json: bool
+    out: str
+
+    def pins(self) -> dict:
+        """The layout knobs the user pinned (a degree of 0, an empty name or an unset switch leaves it free)."""
+        pins = {k: v for k, v in dict(tp=self.tp, cp=self.cp, pp=self.pp, vpp=self.vpp, dp=self.dp, ep=self.ep,
+                                      etp=self.etp, micro_batch=self.micro_batch).items() if v}
+        pins.update({k: v for k, v in dict(cp_kind=self.cp_kind, schedule=self.schedule,
+                                           recompute=self.recompute).items() if v})
+        pins.update({k: v for k, v in dict(sp=self.sp, zero=self.zero, dp_shard=self.dp_shard,
+                                           recompute_layers=self.recompute_layers).items() if v is not None})
+        return pins
+
+    def request(self):
+        """The search request these options describe."""
         from meshplan.cli.common import resolve_framework
         from meshplan.search import SearchRequest
 
-        pins = {k: v for k, v in dict(tp=tp, cp=cp, pp=pp, vpp=vpp, dp=dp, ep=ep, etp=etp,
-                                      micro_batch=micro_batch).items() if v}
-        pins.update({k: v for k, v in dict(cp_kind=cp_kind, schedule=schedule, recompute=recompute).items() if v})
-        pins.update({k: v for k, v in dict(sp=sp, zero=zero, dp_shard=dp_shard,
-                                           recompute_layers=recompute_layers).items() if v is not None})
-        prices = _prices(price)
-        stack = resolve_framework(framework, flags=dict(grad_dtype=grad_dtype, optimizer_dtype=optimizer_dtype,
-                                                        tp_comm_overlap=tp_comm_overlap))
-        _check_objective(objective, prices)
-        request = SearchRequest(global_batch=global_batch, seq_len=seq_len, precision=precision, framework=stack,
-                                max_memory_fraction=max_memory_fraction,
-                                objective=objective or ("cost" if prices else "time"),
-                                prices=prices, pins=pins, top=top, simulate=not no_sim, state_copies=state_copies)
-        code = run_plan(model_ref=model, gpus=gpus, cluster_file=cluster, request=request, as_json=as_json, out=out)
-        if code:
-            raise typer.Exit(code)
+        prices = _prices(self.price)
+        stack = resolve_framework(self.framework, flags=dict(grad_dtype=self.grad_dtype,
+                                                             optimizer_dtype=self.optimizer_dtype,
+                                                             tp_comm_overlap=self.tp_comm_overlap))
+        _check_objective(self.objective, prices)
+        return SearchRequest(global_batch=self.global_batch, seq_len=self.seq_len, precision=self.precision,
+                             framework=stack, max_memory_fraction=self.max_memory_fraction,
+                             objective=self.objective or ("cost" if prices else "time"), prices=prices,
+                             pins=self.pins(), top=self.top, simulate=not self.no_sim,
+                             state_copies=self.state_copies)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``plan`` command."""
+    app.command("plan")(plan)
+
+
+def plan(
+    model: str = typer.Option(..., "--model", help="Model: catalog name, model file or HF config.json."),
+    gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 1024xa100-80gb or 32xa100-80gb+32xh100-sxm"
+                             "; +8xserver[@GB/s] adds CPU parameter servers."),
+    cluster: str = typer.Option("", "--cluster", help="Cluster file (pools of GPUs and their network)."),
+    global_batch: int = typer.Option(..., "--global-batch", help="Sequences per optimizer step."),
+    seq_len: int = typer.Option(..., "--seq-len", help="Tokens per sequence."),
+    precision: str = typer.Option("bf16", "--precision", help="bf16, fp16, fp32 or fp8."),
+    max_memory_fraction: Optional[float] = typer.Option(
+        None, "--max-memory-fraction",
+        help="Largest predicted peak as a share of device memory (default: the stack's limit, the largest "
+             "predicted peak of its published runs, at least 80 %)."),
+    price: str = typer.Option("", "--price", help="Price per GPU-hour: NUMBER or GPU=NUMBER,...; "
+                                                  "switches the objective to tokens per dollar."),
+    top: int = typer.Option(5, "--top", help="Plans in the table."),
+    no_sim: bool = typer.Option(False, "--no-sim", help="Rank with the closed-form pipeline only."),
+    tp: int = typer.Option(0, "--tp", min=0, help="Pin the tensor-parallel degree (0 = the search chooses)."),
+    sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Pin sequence parallelism (default: on "
+                                      "wherever tp > 1 divides the tokens)."),
+    cp: int = typer.Option(0, "--cp", min=0, help="Pin the context-parallel degree (0 = the search chooses)."),
+    cp_kind: str = typer.Option("", "--cp-kind", help="Pin ring or a2a."),
+    pp: int = typer.Option(0, "--pp", min=0, help="Pin the pipeline degree (0 = the search chooses)."),
+    vpp: int = typer.Option(0, "--vpp", min=0,
+                            help="Pin the virtual stages per rank (0 = the search chooses)."),
+    schedule: str = typer.Option("", "--schedule", help="Pin the pipeline schedule (implies pp > 1): 1f1b, "
+                                 "interleaved_1f1b, gpipe, looped_bfs, zb_h1, zbv, dualpipev (those the "
+                                 "--framework runs)."),
+    dp: int = typer.Option(0, "--dp", min=0, help="Pin the data-parallel degree (0 = the search chooses)."),
+    zero: Optional[int] = typer.Option(None, "--zero", help="Pin the ZeRO stage: 0, 1, 2 or 3 (3 = FSDP)."),
+    dp_shard: Optional[int] = typer.Option(None, "--dp-shard", help="Pin the HSDP shard group (with zero 3; "
+                                           "0 = all of dp)."),
+    ep: int = typer.Option(0, "--ep", min=0, help="Pin the expert-parallel degree (0 = the search chooses)."),
+    etp: int = typer.Option(0, "--etp", min=0, help="Pin the experts' tensor-parallel degree (1 or tp; "
+                            "0 = the search chooses)."),
+    micro_batch: int = typer.Option(0, "--micro-batch", min=0, help="Pin the micro-batch size (0 = the search "
+                                    "chooses)."),
+    recompute: str = typer.Option("", "--recompute", help="Pin none, selective or full (default: the least "
+                                  "that fits)."),
+    recompute_layers: Optional[int] = typer.Option(None, "--recompute-layers", help="Pin the fully recomputed "
+                                                   "layers per pipeline rank (0 = all of them)."),
+    framework: str = typer.Option("megatron-core", "--framework",
+                                  help="Software stack the plans run under (catalog/frameworks): its kernels, "
+                                       "FSDP flavour, overlap, and the layouts it can run."),
+    grad_dtype: Optional[str] = typer.Option(None, "--grad-dtype",
+                                             help="Gradient buffers: fp32, or bf16 (Megatron's precision-aware "
+                                                  "optimizer); default: the framework's."),
+    optimizer_dtype: Optional[str] = typer.Option(None, "--optimizer-dtype",
+                                                  help="Adam moments: fp32 or bf16; default: the framework's."),
+    tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap",
+                                                   help="Overlap TP communication with GEMMs (Megatron/TE "
+                                                        "userbuffers); default: the framework's."),
+    objective: str = typer.Option("", "--objective", help="time (default), cost (with --price) or robust: rank "
+                                  "by the slow end of each plan's 80 % error band."),
+    state_copies: int = typer.Option(0, "--state-copies", min=0, help="Keep this many copies of every "
+                                     "optimizer-state shard off its node, so losing that many nodes needs no "
+                                     "checkpoint (priced in memory and per-step traffic)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    out: str = typer.Option("", "--out", help="Write the winner as a plan file (TOML)."),
+) -> None:
+    """Find the fastest (or cheapest) parallel layout that fits."""
+    a = PlanArgs(**locals())  # exactly the parameters above
+    code = run_plan(model_ref=a.model, gpus=a.gpus, cluster_file=a.cluster, request=a.request(),
+                    as_json=a.as_json, out=a.out)
+    if code:
+        raise typer.Exit(code)

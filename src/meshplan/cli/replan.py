@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -81,92 +82,145 @@ def change_of(cluster, *, lose: int, lose_ranks: str, add: str, gpus: str, slow=
     return ClusterChange(lost=tuple(sorted(lost)), added=added, **({"slow": slow} if slow is not None else {}))
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReplanArgs:
+    """The options of ``meshplan replan`` as given (``replan_cmd``'s parameters, which document each)."""
+
+    from_plan: str
+    model: str
+    old_gpus: str
+    gpus: str
+    lose: int
+    lose_ranks: str
+    add: str
+    slow_gpu: list[str]
+    slow_link: list[str]
+    seq_len: int
+    global_batch: int
+    remaining_steps: int
+    min_gain: float
+    options: int
+    storage_gbs: float
+    prebuilt_groups: bool
+    max_memory_fraction: Optional[float]
+    phase: str
+    engine: str
+    input_len: int
+    output_len: int
+    rollouts: int
+    as_json: bool
+    out: str
+
+    def switch_only(self) -> dict[str, bool]:
+        """The switch-pricing flags and whether each was given (off their defaults)."""
+        return {"--remaining-steps": self.remaining_steps != 1000, "--min-gain": self.min_gain != 0.03,
+                "--storage-gbs": bool(self.storage_gbs), "--prebuilt-groups": self.prebuilt_groups,
+                "--max-memory-fraction": self.max_memory_fraction is not None}
+
+    def phase_only(self) -> dict[str, bool]:
+        """The ``--phase generate`` flags and whether each was given (off their defaults)."""
+        return {"--engine": self.engine != "vllm", "--input-len": self.input_len != 1024,
+                "--output-len": self.output_len != 1024, "--rollouts": bool(self.rollouts)}
+
+    def changes_job(self) -> bool:
+        """Whether any cluster or workload change was given."""
+        return bool(self.lose or self.lose_ranks or self.add or self.gpus or self.seq_len or self.global_batch
+                    or self.slow_gpu or self.slow_link)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``replan`` command."""
+    app.command("replan")(replan_cmd)
 
-    @app.command("replan")
-    def replan_cmd(
-        from_plan: str = typer.Option(..., "--from", help="The running plan (a plan file from meshplan plan --out)."),
-        model: str = typer.Option("", "--model", help="Model, when the plan file names none."),
-        old_gpus: str = typer.Option("", "--old-gpus", help="The cluster the plan runs on, when the file names none."),
-        gpus: str = typer.Option("", "--gpus", help="The new cluster, e.g. 16376xh100-sxm (GPUs leave or join at "
-                                                    "the end of the rank order)."),
-        lose: int = typer.Option(0, "--lose", min=0, help="GPUs lost: the last N ranks of the old world."),
-        lose_ranks: str = typer.Option("", "--lose-ranks", help="Ranks lost, e.g. 8-15,40."),
-        add: str = typer.Option("", "--add", help="GPUs added, e.g. 16xh100-sxm."),
-        slow_gpu: list[str] = typer.Option([], "--slow-gpu", help="A straggler: GPU id of the old world and the "
-                                           "fraction of its rated compute it delivers, e.g. 17:0.6 (repeatable)."),
-        slow_link: list[str] = typer.Option([], "--slow-link", help="A degraded link: scale-up domain (node) index "
-                                            "and the fraction of its rated scale-out bandwidth, e.g. 3:0.25 "
-                                            "(repeatable)."),
-        seq_len: int = typer.Option(0, "--seq-len", min=0, help="New tokens per sequence (0 = unchanged)."),
-        global_batch: int = typer.Option(0, "--global-batch", min=0, help="New sequences per step (0 = unchanged)."),
-        remaining_steps: int = typer.Option(1000, "--remaining-steps", min=0, help="Optimizer steps left."),
-        min_gain: float = typer.Option(0.03, "--min-gain", help="Smallest step-time gain worth a switch when the "
-                                                                "current layout can still run (0.03 = 3 %)."),
-        options: int = typer.Option(3, "--options", min=1, help="Candidate layouts whose switch is priced."),
-        storage_gbs: float = typer.Option(0.0, "--storage-gbs", help="Checkpoint storage bandwidth of the whole "
-                                          "cluster in GB/s (default: Llama 3's 0.122 GB/s per GPU)."),
-        prebuilt_groups: bool = typer.Option(False, "--prebuilt-groups", help="The new layout's communicators "
-                                             "exist already (no set-up on the switch's path)."),
-        max_memory_fraction: Optional[float] = typer.Option(None, "--max-memory-fraction", help="Largest predicted "
-                                                            "peak as a share of device memory (default: the "
-                                                            "stack's limit from its published runs)."),
-        phase: str = typer.Option("", "--phase", help="generate: the RL generation layout for these GPUs (serving "
-                                  "planner) and the weights-only refit into it, instead of a cluster change."),
-        engine: str = typer.Option("vllm", "--engine", help="--phase generate: the serving engine profile."),
-        input_len: int = typer.Option(1024, "--input-len", min=1, help="--phase generate: prompt tokens."),
-        output_len: int = typer.Option(1024, "--output-len", min=1, help="--phase generate: generated tokens."),
-        rollouts: int = typer.Option(0, "--rollouts", min=0, help="--phase generate: prompts per phase (0 = the "
-                                     "plan's global batch)."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-        out: str = typer.Option("", "--out", help="Write the chosen layout as a plan file (TOML)."),
-    ) -> None:
-        """Re-plan after the cluster or the job changed, weighing the switch against the gain."""
-        from meshplan.cli.common import output_path, resolve_cluster, resolve_framework, resolve_model
-        from meshplan.cost.transition_time import SwitchCosts
-        from meshplan.errors import SpecError
-        from meshplan.search import SearchRequest
-        from meshplan.search.replan import ReplanRequest, replan
-        from meshplan.spec.io import read_plan_file
 
-        plan, refs = read_plan_file(from_plan)
-        if model and refs.get("model") and model != refs["model"]:
-            raise SpecError("--model", model, f"differs from the model the plan in {from_plan} was made for "
-                            f"({refs['model']}): replan re-plans the job that runs, give its plan file")
-        spec = resolve_model(model or None, refs.get("model"))
-        cluster = resolve_cluster(old_gpus or None, None, refs.get("gpus") or refs.get("cluster"))
-        stack = resolve_framework(plan.framework, file_settings=refs.get("framework"))
-        switch_only = {"--remaining-steps": remaining_steps != 1000, "--min-gain": min_gain != 0.03,
-                       "--storage-gbs": bool(storage_gbs), "--prebuilt-groups": prebuilt_groups,
-                       "--max-memory-fraction": max_memory_fraction is not None}
-        phase_only = {"--engine": engine != "vllm", "--input-len": input_len != 1024,
-                      "--output-len": output_len != 1024, "--rollouts": bool(rollouts)}
-        _pinned_elsewhere(phase, switch_only if phase else phase_only)
-        if phase:
-            _check_phase(phase, out=out, changed=bool(lose or lose_ranks or add or gpus or seq_len or global_batch
-                                                      or slow_gpu or slow_link))
-            _generate(spec, cluster, plan, stack=stack, engine=engine, work=(input_len, output_len,
-                      rollouts or plan.global_batch), options=options, as_json=as_json)
-            return
-        if out:
-            output_path("--out", out)
-        change = change_of(cluster, lose=lose, lose_ranks=lose_ranks, add=add, gpus=gpus,
-                           slow=parse_derating(slow_gpu, slow_link))
-        costs = SwitchCosts(groups_prebuilt=prebuilt_groups)
-        if storage_gbs:
-            if storage_gbs <= 0:
-                raise SpecError("--storage-gbs", storage_gbs, "must be a positive bandwidth in GB/s")
-            n_new = cluster.n_gpus - len(change.lost) + change.added
-            costs = SwitchCosts(groups_prebuilt=prebuilt_groups, storage_gbs_per_gpu=storage_gbs / n_new)
-        request = SearchRequest(global_batch=global_batch or plan.global_batch, seq_len=seq_len or plan.seq_len,
-                                precision=plan.precision, framework=stack, max_memory_fraction=max_memory_fraction,
-                                state_copies=plan.state_copies)  # the job keeps its redundancy policy
-        rq = ReplanRequest(remaining_steps=remaining_steps, min_gain=min_gain, options=options, costs=costs)
-        result = replan(spec, cluster, plan, change=change, request=request, rq=rq)
-        _emit(result, spec, cluster, as_json=as_json, out=out, refs=refs, stack=stack)
-        if not result.options:
-            raise typer.Exit(NOTHING_FITS_EXIT)
+def replan_cmd(
+    from_plan: str = typer.Option(..., "--from", help="The running plan (a plan file from meshplan plan --out)."),
+    model: str = typer.Option("", "--model", help="Model, when the plan file names none."),
+    old_gpus: str = typer.Option("", "--old-gpus", help="The cluster the plan runs on, when the file names none."),
+    gpus: str = typer.Option("", "--gpus", help="The new cluster, e.g. 16376xh100-sxm (GPUs leave or join at "
+                                                "the end of the rank order)."),
+    lose: int = typer.Option(0, "--lose", min=0, help="GPUs lost: the last N ranks of the old world."),
+    lose_ranks: str = typer.Option("", "--lose-ranks", help="Ranks lost, e.g. 8-15,40."),
+    add: str = typer.Option("", "--add", help="GPUs added, e.g. 16xh100-sxm."),
+    slow_gpu: list[str] = typer.Option([], "--slow-gpu", help="A straggler: GPU id of the old world and the "
+                                       "fraction of its rated compute it delivers, e.g. 17:0.6 (repeatable)."),
+    slow_link: list[str] = typer.Option([], "--slow-link", help="A degraded link: scale-up domain (node) index "
+                                        "and the fraction of its rated scale-out bandwidth, e.g. 3:0.25 "
+                                        "(repeatable)."),
+    seq_len: int = typer.Option(0, "--seq-len", min=0, help="New tokens per sequence (0 = unchanged)."),
+    global_batch: int = typer.Option(0, "--global-batch", min=0, help="New sequences per step (0 = unchanged)."),
+    remaining_steps: int = typer.Option(1000, "--remaining-steps", min=0, help="Optimizer steps left."),
+    min_gain: float = typer.Option(0.03, "--min-gain", help="Smallest step-time gain worth a switch when the "
+                                                            "current layout can still run (0.03 = 3 %)."),
+    options: int = typer.Option(3, "--options", min=1, help="Candidate layouts whose switch is priced."),
+    storage_gbs: float = typer.Option(0.0, "--storage-gbs", help="Checkpoint storage bandwidth of the whole "
+                                      "cluster in GB/s (default: Llama 3's 0.122 GB/s per GPU)."),
+    prebuilt_groups: bool = typer.Option(False, "--prebuilt-groups", help="The new layout's communicators "
+                                         "exist already (no set-up on the switch's path)."),
+    max_memory_fraction: Optional[float] = typer.Option(None, "--max-memory-fraction", help="Largest predicted "
+                                                        "peak as a share of device memory (default: the "
+                                                        "stack's limit from its published runs)."),
+    phase: str = typer.Option("", "--phase", help="generate: the RL generation layout for these GPUs (serving "
+                              "planner) and the weights-only refit into it, instead of a cluster change."),
+    engine: str = typer.Option("vllm", "--engine", help="--phase generate: the serving engine profile."),
+    input_len: int = typer.Option(1024, "--input-len", min=1, help="--phase generate: prompt tokens."),
+    output_len: int = typer.Option(1024, "--output-len", min=1, help="--phase generate: generated tokens."),
+    rollouts: int = typer.Option(0, "--rollouts", min=0, help="--phase generate: prompts per phase (0 = the "
+                                 "plan's global batch)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    out: str = typer.Option("", "--out", help="Write the chosen layout as a plan file (TOML)."),
+) -> None:
+    """Re-plan after the cluster or the job changed, weighing the switch against the gain."""
+    _replan(ReplanArgs(**locals()))  # exactly the parameters above
+
+
+def _replan(a: ReplanArgs) -> None:
+    """``meshplan replan``: the running plan's job, then either the generation phase or the cluster change."""
+    from meshplan.cli.common import output_path, resolve_cluster, resolve_framework, resolve_model
+    from meshplan.errors import SpecError
+    from meshplan.spec.io import read_plan_file
+
+    plan, refs = read_plan_file(a.from_plan)
+    if a.model and refs.get("model") and a.model != refs["model"]:
+        raise SpecError("--model", a.model, f"differs from the model the plan in {a.from_plan} was made for "
+                        f"({refs['model']}): replan re-plans the job that runs, give its plan file")
+    spec = resolve_model(a.model or None, refs.get("model"))
+    cluster = resolve_cluster(a.old_gpus or None, None, refs.get("gpus") or refs.get("cluster"))
+    stack = resolve_framework(plan.framework, file_settings=refs.get("framework"))
+    _pinned_elsewhere(a.phase, a.switch_only() if a.phase else a.phase_only())
+    if a.phase:
+        _check_phase(a.phase, out=a.out, changed=a.changes_job())
+        _generate(spec, cluster, plan, stack=stack, engine=a.engine, work=(a.input_len, a.output_len,
+                  a.rollouts or plan.global_batch), options=a.options, as_json=a.as_json)
+        return
+    if a.out:
+        output_path("--out", a.out)
+    result = _after_change(a, spec, cluster, plan, stack)
+    _emit(result, spec, cluster, as_json=a.as_json, out=a.out, refs=refs, stack=stack)
+    if not result.options:
+        raise typer.Exit(NOTHING_FITS_EXIT)
+
+
+def _after_change(a: ReplanArgs, spec, cluster, plan, stack):
+    """The re-plan of the cluster or job change ``a`` gives, each option's switch priced."""
+    from meshplan.cost.transition_time import SwitchCosts
+    from meshplan.errors import SpecError
+    from meshplan.search import SearchRequest
+    from meshplan.search.replan import ReplanRequest, replan
+
+    change = change_of(cluster, lose=a.lose, lose_ranks=a.lose_ranks, add=a.add, gpus=a.gpus,
+                       slow=parse_derating(a.slow_gpu, a.slow_link))
+    costs = SwitchCosts(groups_prebuilt=a.prebuilt_groups)
+    if a.storage_gbs:
+        if a.storage_gbs <= 0:
+            raise SpecError("--storage-gbs", a.storage_gbs, "must be a positive bandwidth in GB/s")
+        n_new = cluster.n_gpus - len(change.lost) + change.added
+        costs = SwitchCosts(groups_prebuilt=a.prebuilt_groups, storage_gbs_per_gpu=a.storage_gbs / n_new)
+    request = SearchRequest(global_batch=a.global_batch or plan.global_batch, seq_len=a.seq_len or plan.seq_len,
+                            precision=plan.precision, framework=stack, max_memory_fraction=a.max_memory_fraction,
+                            state_copies=plan.state_copies)  # the job keeps its redundancy policy
+    rq = ReplanRequest(remaining_steps=a.remaining_steps, min_gain=a.min_gain, options=a.options, costs=costs)
+    return replan(spec, cluster, plan, change=change, request=request, rq=rq)
 
 
 def _pinned_elsewhere(phase: str, given: dict[str, bool]) -> None:

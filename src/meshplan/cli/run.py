@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -119,86 +120,124 @@ def _check_flags(*, steps: int, nproc: int | None, lr: float, timeout: float, wa
     writable_folder("--out", out)
 
 
+@dataclass(frozen=True, kw_only=True)
+class RunArgs:
+    """The options of ``meshplan run`` as given (``run_cmd``'s parameters, which document each)."""
+
+    plan: str
+    model: Optional[str]
+    steps: int
+    nproc: Optional[int]
+    data: str
+    seed: int
+    lr: float
+    checkpoint_dir: str
+    checkpoint_every: int
+    resume: bool
+    profile: str
+    out: str
+    timeout: float
+    wall_timeout: Optional[float]
+    switch: list[str]
+    switch_check: bool
+    switch_dry_run: bool
+    elastic: int
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``run`` command."""
+    app.command("run")(run_cmd)
 
-    @app.command("run")
-    def run_cmd(
-        plan: str = typer.Option(..., "--plan", help="Plan file (TOML/JSON) with a [plan] table."),
-        model: Optional[str] = typer.Option(None, "--model", help="Catalog model or config.json; default: the "
-                                            "plan file's model."),
-        steps: int = typer.Option(10, "--steps", help="Optimizer steps (>= 1)."),
-        nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to launch; default: the plan's "
-                                            "tp*cp*pp*dp. Ignored under torchrun."),
-        data: str = typer.Option("synthetic", "--data", help="synthetic, corpus, or a UTF-8 text file."),
-        seed: int = typer.Option(0, "--seed", help="Seed of weights and data (>= 0)."),
-        lr: float = typer.Option(3e-3, "--lr", help="AdamW learning rate (> 0)."),
-        checkpoint_dir: str = typer.Option("", "--checkpoint-dir", help="Folder of DCP checkpoints."),
-        checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Save every K steps (0 = at the end "
-                                             "only)."),
-        resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint."),
-        profile: str = typer.Option("", "--profile", help="Steps to trace with the PyTorch profiler, e.g. 3,4."),
-        out: str = typer.Option("", "--out", help="Folder for metrics.jsonl and profiler traces."),
-        timeout: float = typer.Option(60.0, "--timeout", help="Process-group timeout (s, > 0)."),
-        wall_timeout: Optional[float] = typer.Option(None, "--wall-timeout", help="Stop the whole run, model "
-                                                     "build included, after this many seconds."),
-        switch: list[str] = typer.Option([], "--switch", help="Switch live to another plan after a step: "
-                                         "PLAN.toml@STEP (repeatable); parameters and optimizer state move between "
-                                         "ranks, no checkpoint."),
-        switch_check: bool = typer.Option(False, "--switch-check", help="Also load each switch's layout from a "
-                                          "DCP checkpoint and report whether both are bit-equal."),
-        switch_dry_run: bool = typer.Option(False, "--switch-dry-run", help="Plan and price each switch without "
-                                            "moving anything (training stays on the first plan)."),
-        elastic: int = typer.Option(0, "--elastic", min=0, help="When ranks are killed, re-plan for the survivors "
-                                    "and resume from the last checkpoint, up to this many times (needs "
-                                    "--checkpoint-dir)."),
-    ) -> None:
-        """Train the plan on torchrun workers; one JSON line of metrics per step, then a summary.
 
-        A plan this host cannot hold (CPU ranks beyond 4 per core and 8 in all, more ranks than visible GPUs, or
-        more memory than it has available) is refused before any process starts."""
-        from meshplan.cli.common import resolve_model
-        from meshplan.spec.io import read_plan_file
+def run_cmd(
+    plan: str = typer.Option(..., "--plan", help="Plan file (TOML/JSON) with a [plan] table."),
+    model: Optional[str] = typer.Option(None, "--model", help="Catalog model or config.json; default: the "
+                                        "plan file's model."),
+    steps: int = typer.Option(10, "--steps", help="Optimizer steps (>= 1)."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to launch; default: the plan's "
+                                        "tp*cp*pp*dp. Ignored under torchrun."),
+    data: str = typer.Option("synthetic", "--data", help="synthetic, corpus, or a UTF-8 text file."),
+    seed: int = typer.Option(0, "--seed", help="Seed of weights and data (>= 0)."),
+    lr: float = typer.Option(3e-3, "--lr", help="AdamW learning rate (> 0)."),
+    checkpoint_dir: str = typer.Option("", "--checkpoint-dir", help="Folder of DCP checkpoints."),
+    checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Save every K steps (0 = at the end "
+                                         "only)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint."),
+    profile: str = typer.Option("", "--profile", help="Steps to trace with the PyTorch profiler, e.g. 3,4."),
+    out: str = typer.Option("", "--out", help="Folder for metrics.jsonl and profiler traces."),
+    timeout: float = typer.Option(60.0, "--timeout", help="Process-group timeout (s, > 0)."),
+    wall_timeout: Optional[float] = typer.Option(None, "--wall-timeout", help="Stop the whole run, model "
+                                                 "build included, after this many seconds."),
+    switch: list[str] = typer.Option([], "--switch", help="Switch live to another plan after a step: "
+                                     "PLAN.toml@STEP (repeatable); parameters and optimizer state move between "
+                                     "ranks, no checkpoint."),
+    switch_check: bool = typer.Option(False, "--switch-check", help="Also load each switch's layout from a "
+                                      "DCP checkpoint and report whether both are bit-equal."),
+    switch_dry_run: bool = typer.Option(False, "--switch-dry-run", help="Plan and price each switch without "
+                                        "moving anything (training stays on the first plan)."),
+    elastic: int = typer.Option(0, "--elastic", min=0, help="When ranks are killed, re-plan for the survivors "
+                                "and resume from the last checkpoint, up to this many times (needs "
+                                "--checkpoint-dir)."),
+) -> None:
+    """Train the plan on torchrun workers; one JSON line of metrics per step, then a summary.
 
-        _check_flags(steps=steps, nproc=nproc, lr=lr, timeout=timeout, wall_timeout=wall_timeout,
-                     checkpoint=(checkpoint_dir, checkpoint_every, resume), out=out, seed=seed)
-        if elastic and not checkpoint_dir:
-            raise SpecError("--elastic", elastic, "needs --checkpoint-dir (a restart resumes from its last checkpoint)")
-        profile_steps = _profile_steps(profile, steps)
-        if profile_steps and not out:
-            raise SpecError("--profile", profile, "needs --out FOLDER for the traces")
-        the_plan, refs = read_plan_file(plan)
-        model_ref = model or refs.get("model")
-        if not model_ref:
-            raise SpecError("--model", None, f"{plan} names no model; give --model NAME or a config.json")
-        resolve_model(model_ref)  # a bad model reference fails here, before torch is imported
-        from meshplan.runtime.host import require_torch
+    A plan this host cannot hold (CPU ranks beyond 4 per core and 8 in all, more ranks than visible GPUs, or
+    more memory than it has available) is refused before any process starts."""
+    args = RunArgs(**locals())  # exactly the parameters above
+    cfg, refs, world = _config(args)
+    _start(cfg, refs=refs, world=world, elastic=args.elastic, wall_timeout=args.wall_timeout)
 
-        require_torch("meshplan run")
 
-        from meshplan.runtime.config import RUNTIME_STACK, RunConfig
-        from meshplan.runtime.launch import launch, prepare, progress, start, under_torchrun
+def _config(a: RunArgs):
+    """The run's RunConfig, its plan file's references and its world size, every flag, the plan and the model
+    checked before torch is imported."""
+    from meshplan.cli.common import resolve_model
+    from meshplan.spec.io import plan_from_dict, read_plan_file
 
-        switches = parse_switches(switch, model_ref=model_ref, check=switch_check, dry_run=switch_dry_run)
-        from meshplan.spec.io import plan_from_dict
+    _check_flags(steps=a.steps, nproc=a.nproc, lr=a.lr, timeout=a.timeout, wall_timeout=a.wall_timeout,
+                 checkpoint=(a.checkpoint_dir, a.checkpoint_every, a.resume), out=a.out, seed=a.seed)
+    if a.elastic and not a.checkpoint_dir:
+        raise SpecError("--elastic", a.elastic, "needs --checkpoint-dir (a restart resumes from its last checkpoint)")
+    profile_steps = _profile_steps(a.profile, a.steps)
+    if profile_steps and not a.out:
+        raise SpecError("--profile", a.profile, "needs --out FOLDER for the traces")
+    the_plan, refs = read_plan_file(a.plan)
+    model_ref = a.model or refs.get("model")
+    if not model_ref:
+        raise SpecError("--model", None, f"{a.plan} names no model; give --model NAME or a config.json")
+    resolve_model(model_ref)  # a bad model reference fails here, before torch is imported
+    from meshplan.runtime.host import require_torch
 
-        pools = run_pools(refs.get("gpus"), [the_plan] + [plan_from_dict(s["plan"]) for s in switches])
-        cfg = RunConfig(plan=the_plan, model=model_ref, steps=steps, seed=seed, data=data, lr=lr, pools=pools,
-                        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
-                        profile_steps=profile_steps, out_dir=out, timeout_s=timeout, switches=switches)
-        world = nproc or the_plan.n_gpus
-        if under_torchrun():
-            raise typer.Exit(launch(cfg, nproc=world))
-        with stops_cleanly():
-            summary = prepare(cfg, nproc=world, gpus_ref=refs.get("gpus"))
-            if the_plan.framework != RUNTIME_STACK:
-                progress(f"note: the plan was predicted for {the_plan.framework}; meshplan's runtime runs it as "
-                         f"the {RUNTIME_STACK} stack (predict that with --framework {RUNTIME_STACK})")
-            if elastic:
-                from meshplan.runtime.launch import start_elastic
+    require_torch("meshplan run")
 
-                rc = start_elastic(cfg, nproc=world, summary=summary, restarts=elastic, timeout_s=wall_timeout)
-            else:
-                rc = start(cfg, nproc=world, summary=summary, timeout_s=wall_timeout)
-        if rc:
-            raise typer.Exit(rc)
+    from meshplan.runtime.config import RunConfig
+
+    switches = parse_switches(a.switch, model_ref=model_ref, check=a.switch_check, dry_run=a.switch_dry_run)
+    pools = run_pools(refs.get("gpus"), [the_plan] + [plan_from_dict(s["plan"]) for s in switches])
+    cfg = RunConfig(plan=the_plan, model=model_ref, steps=a.steps, seed=a.seed, data=a.data, lr=a.lr, pools=pools,
+                    checkpoint_dir=a.checkpoint_dir, checkpoint_every=a.checkpoint_every, resume=a.resume,
+                    profile_steps=profile_steps, out_dir=a.out, timeout_s=a.timeout, switches=switches)
+    return cfg, refs, a.nproc or the_plan.n_gpus
+
+
+def _start(cfg, *, refs: dict, world: int, elastic: int, wall_timeout: Optional[float]) -> None:
+    """Run ``cfg`` on ``world`` workers (as this torchrun worker, or as their supervised launcher), restarting on
+    the survivors up to ``elastic`` times."""
+    from meshplan.runtime.config import RUNTIME_STACK
+    from meshplan.runtime.launch import launch, prepare, progress, start, under_torchrun
+
+    if under_torchrun():
+        raise typer.Exit(launch(cfg, nproc=world))
+    with stops_cleanly():
+        summary = prepare(cfg, nproc=world, gpus_ref=refs.get("gpus"))
+        if cfg.plan.framework != RUNTIME_STACK:
+            progress(f"note: the plan was predicted for {cfg.plan.framework}; meshplan's runtime runs it as "
+                     f"the {RUNTIME_STACK} stack (predict that with --framework {RUNTIME_STACK})")
+        if elastic:
+            from meshplan.runtime.launch import start_elastic
+
+            rc = start_elastic(cfg, nproc=world, summary=summary, restarts=elastic, timeout_s=wall_timeout)
+        else:
+            rc = start(cfg, nproc=world, summary=summary, timeout_s=wall_timeout)
+    if rc:
+        raise typer.Exit(rc)
