@@ -173,10 +173,15 @@ def test_device_memory_is_what_cuda_reports_where_measured():
 @pytest.mark.parametrize("text, name", [
     ("vLLM 0.6.0 (multi-step=10)", "vllm-0.6.0"),          # the SGLang benchmark's own launch flags
     ("NVIDIA NIM 1.12.0", "nim-1.8"),                      # NIM's harness by prefix
-    ("vLLM 0.8.5", "vllm"),                                # a release with no profile: the family's nearest
+    ("vLLM 0.8.5", "vllm"),                                # V1, the default since 0.8.0
+    ("vLLM 0.6.0", "vllm-0.6"),                            # V0 release defaults, not the benchmark's flags
+    ("vLLM 0.5.3", "vllm-0.6"),                            # older than every profile: the oldest
+    ("vLLM 0.6.6.post1", "vllm-0.7"),                      # V0 with the 2048-token chunked budget
+    ("vLLM 0.7.3", "vllm-0.7"),
     ("SGLang v0.4.6.post1", "sglang"),
-    ("TensorRT-LLM 0.19 (trtllm-serve)", "trtllm-0.17"),   # same major version: the TRT engine flow
+    ("TensorRT-LLM 0.19 (trtllm-serve)", "trtllm-0.17"),   # 0.x: the TRT engine flow
     ("trtllm-serve 1.0", "trtllm"),                        # 1.x: the PyTorch backend
+    ("TensorRT-LLM 1.1.0rc2", "trtllm"),
     ("vllm", "vllm"),                                      # no version: the newest release
 ])
 def test_engine_for_reads_family_and_version(text, name):
@@ -209,6 +214,35 @@ def test_trtllm_bench_sizes_its_engine_from_the_dataset():
     # A profile without the rule is left as profiled.
     assert sized_engine(catalog.engine("vllm"), model, plan, pool, Workload(input_len=128, output_len=128)) \
         == catalog.engine("vllm")
+
+
+def test_vllm_v0_sizes_its_scheduler_from_the_model_context():
+    """vLLM V0 (arg_utils.py create_engine_config, config.py SchedulerConfig): chunked prefill is on by default only
+    past 32K context, in the profile's budget (512 tokens in 0.6, 2048 in 0.7) shared with the decodes; else a step
+    runs prompts or decodes, max(max_model_len, 2048) tokens, and the profile run is one such step."""
+    from meshplan.cost.serve_sizing import sized_engine
+
+    pool, plan, work = catalog.cluster("1xh100-sxm").pools[0], ServePlan(), Workload(input_len=128, output_len=128)
+    for name, budget in (("vllm-0.6", 512), ("vllm-0.7", 2048)):
+        e = catalog.engine(name)
+        long = sized_engine(e, catalog.model("llama3.1-8b"), plan, pool, work)  # 131,072 positions
+        assert (long.chunked_prefill, long.mixed_batches, long.max_batched_tokens, long.activation_tokens) == \
+            (True, True, budget, budget)
+        short = sized_engine(e, catalog.model("llama2-7b"), plan, pool, work)  # 4,096 positions
+        assert (short.chunked_prefill, short.mixed_batches, short.max_batched_tokens, short.activation_tokens) == \
+            (False, False, 4096, 4096)
+        assert (e.max_num_seqs, e.cuda_graph_max_batch, e.multi_step) == (256, 256, 1)
+
+
+def test_a_release_profile_shares_the_host_times_of_its_harness():
+    """vllm-0.6 is the V0 code the vllm-0.6.0 harness ran with other flags: it takes that profile's fitted host
+    time per step (``host_of``), where a profile without one would fall back to its family's."""
+    consts = {"step_host_s": {"vllm-0.6.0": 0.002}, "seq_host_s": {"vllm": 1e-5}}
+    model, pool = catalog.model("llama3.1-8b"), catalog.cluster("1xh100-sxm").pools[0]
+    v0 = step_context(model, pool, ServePlan(), catalog.engine("vllm-0.6"), consts)
+    v1 = step_context(model, pool, ServePlan(), catalog.engine("vllm"), consts)
+    assert (v0.step_host_s, v0.seq_host_s) == (0.002, 1e-5)
+    assert (v1.step_host_s, v1.seq_host_s) == (0.0, 1e-5)
 
 
 def test_host_time_per_sequence_adds_to_every_step():

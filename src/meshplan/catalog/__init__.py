@@ -136,16 +136,13 @@ def engine_for(text: str) -> tuple[EngineProfile, str]:
 
 
 def _nearest_release(releases: list[EngineProfile], wanted: tuple[int, ...]) -> EngineProfile:
-    """Of releases sorted by version: the newest when no version is named; else one of the same major version,
-    nearest in minor (a major release changes the engine: TensorRT-LLM 1.0 made the PyTorch backend the default);
-    else the newest below; else the oldest."""
+    """Of releases sorted by version: the newest when no version is named; else the one with the latest ``since``
+    at or below the named release (the engine as it was then: vLLM 0.8 runs V1, TensorRT-LLM 0.19 the TensorRT
+    engine flow); else, older than every profile, the oldest."""
     if not wanted:
         return releases[-1]
-    same = [p for p in releases if p.version_key[:1] == wanted[:1]]
-    if same:
-        return min(same, key=lambda p: (abs((p.version_key + (0,))[1] - (wanted + (0,))[1]), p.version_key))
-    below = [p for p in releases if p.version_key <= wanted]
-    return below[-1] if below else releases[0]
+    below = [p for p in releases if p.since_key <= wanted]
+    return max(below, key=lambda p: (p.since_key, p.version_key)) if below else releases[0]
 
 
 def dataset_names() -> list[str]:

@@ -1,4 +1,4 @@
-"""Engine caps a benchmark tool sizes from the workload before it runs (``EngineProfile.build_sizing``).
+"""Engine caps the engine or its benchmark tool sizes before it runs (``EngineProfile.build_sizing``).
 
 trtllm-bench builds its TensorRT engine for the dataset it will run: ``max_batch_size`` and ``max_num_tokens``
 come from the requests the KV cache can hold at the dataset's lengths, not from trtllm-build's defaults
@@ -43,6 +43,26 @@ def _trtllm_bench(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool
     return replace(engine, max_num_seqs=bs, max_batched_tokens=tokens, activation_tokens=tokens)
 
 
+def _vllm_v0(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool,
+             work: Workload) -> EngineProfile:
+    """vLLM V0's scheduler caps from the model: chunked prefill is on by default only when the model's context
+    exceeds 32K tokens (vllm@v0.6.3 vllm/engine/arg_utils.py ``use_long_context``), within the profile's token
+    budget shared with the decodes; else a step runs prompts or decodes, never both, up to max(max_model_len,
+    2048) tokens (vllm/config.py SchedulerConfig). The profile run that sizes activations is one such step."""
+    context = model.max_seq_len or V0_DEFAULT_CONTEXT
+    if context > V0_LONG_CONTEXT:
+        return replace(engine, chunked_prefill=True, mixed_batches=True, activation_tokens=engine.max_batched_tokens)
+    tokens = max(context, 2048)
+    return replace(engine, chunked_prefill=False, mixed_batches=False, max_batched_tokens=tokens,
+                   activation_tokens=tokens)
+
+
+V0_LONG_CONTEXT = 32768
+"""vLLM V0 turns chunked prefill on by default above this max_model_len (arg_utils.py, 0.5.3-0.7.3)."""
+V0_DEFAULT_CONTEXT = 2048
+"""max_model_len when a model names no trained length: vLLM's fallback in vllm/config.py _get_and_verify_max_len."""
+
+
 def _round_up(x: float, rungs: tuple[tuple[float, int], ...], least: int) -> int:
     """``x`` rounded up to the step of the first rung whose limit it is below, at least ``least`` (finetune_setting's
     ladders: batch to 32 below 256, 128 below 1024, else 256, at least 64; tokens to 256 below 4096, 512 below
@@ -51,7 +71,8 @@ def _round_up(x: float, rungs: tuple[tuple[float, int], ...], least: int) -> int
     return max(least, step * math.ceil(x / step))
 
 
-SIZINGS = {"none": lambda engine, model, plan, pool, work: engine, "trtllm-bench": _trtllm_bench}
+SIZINGS = {"none": lambda engine, model, plan, pool, work: engine, "trtllm-bench": _trtllm_bench,
+           "vllm-v0": _vllm_v0}
 """Build-sizing rule -> the engine with its caps for one workload and layout (``spec.engine.BUILD_SIZINGS``)."""
 
 

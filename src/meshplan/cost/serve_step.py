@@ -91,9 +91,10 @@ def step_context(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EnginePr
     kv_eff = constants.get("decode_kv_eff", {}).get(pool.gpu.generation, 0.0)
 
     def per_engine(table: str) -> float:
-        # A profile's own constant, else its family's (vllm, sglang, trtllm), else none.
+        # A profile's own constant, else that of the profile it shares its code with, else its family's (vllm,
+        # sglang, trtllm), else none.
         t = constants.get(table, {})
-        return t.get(engine.name, t.get(engine.engine, 0.0))
+        return t.get(engine.name, t.get(engine.host_of, t.get(engine.engine, 0.0)))
     return StepContext(model=model, pool=pool, plan=plan, engine=engine, calib=calib, kv_eff=kv_eff,
                        step_host_s=per_engine("step_host_s"), seq_host_s=per_engine("seq_host_s"),
                        allreduce_s=constants.get("allreduce_s", {}).get(pool.gpu.generation, 0.0),

@@ -19,8 +19,9 @@ KV_FRACTION_OF = ("total", "free", "static")
 ADMISSIONS = ("lazy", "reserve")
 REPORTS = ("mean", "median")
 """Statistics a harness reports its latencies as (``EngineProfile.reports``)."""
-BUILD_SIZINGS = ("none", "trtllm-bench")
-"""Rules a benchmark tool sizes the engine's caps by from the workload (``cost.serve_sizing.SIZINGS``)."""
+BUILD_SIZINGS = ("none", "trtllm-bench", "vllm-v0")
+"""Rules the engine or its benchmark tool sizes its caps by before it runs, from the workload or the model
+(``cost.serve_sizing.SIZINGS``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +35,12 @@ class EngineProfile:
     (the runtime's own decode loop, ``runtime.decode``)."""
     version: str
     """The release the facts are read from."""
+    since: str = ""
+    """The first release whose defaults the profile describes ("" = ``version``): a row naming a release takes the
+    family's release profile with the latest ``since`` at or below it (vLLM's V1 profile from 0.8.0, its default)."""
+    host_of: str = ""
+    """The profile whose fitted host times this one shares, being the same release's code under other flags
+    ("" = its own, then its family's)."""
     summary: str = ""
     """One line for listings."""
     matches: tuple[str, ...] = ()
@@ -81,8 +88,9 @@ class EngineProfile:
     """The training-stack profile (``catalog/frameworks``) whose kernels the engine runs, for its op count and
     fusion; empty: the fused serving kernels every GPU engine has (FlashAttention/FlashInfer, fused norms)."""
     build_sizing: str = "none"
-    """How the benchmark that runs the engine sizes ``max_num_seqs``, ``max_batched_tokens`` and the activation
-    tokens from the workload before it starts (``trtllm-bench``: its engine build heuristics); ``none``: as given."""
+    """How the engine or the benchmark that runs it sizes ``max_num_seqs``, ``max_batched_tokens``, chunked prefill
+    and the activation tokens before it starts (``trtllm-bench``: its engine build heuristics from the workload;
+    ``vllm-v0``: vLLM V0's defaults from the model's context length); ``none``: as given."""
     multi_step: int = 1
     """Decode steps scheduled per host round (vLLM ``--num-scheduler-steps``); streamed chunks carry that many
     tokens, so ITL is that many steps."""
@@ -112,6 +120,11 @@ class EngineProfile:
         """The release as numbers for ordering (``0.6.0`` -> (0, 6, 0)); () when it is not a dotted number."""
         return version_tuple(self.version)
 
+    @property
+    def since_key(self) -> tuple[int, ...]:
+        """The first release the profile describes, as numbers (``since``, else ``version``)."""
+        return version_tuple(self.since or self.version)
+
     def graph_batch(self, batch: int) -> int:
         """The batch a decode step of ``batch`` sequences runs at: padded up to the next captured CUDA-graph size
         (1, 2, 4, then multiples of ``cuda_graph_step``), or as is above the largest (eager)."""
@@ -134,9 +147,10 @@ def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in got.group(1).split(".")) if got else ()
 
 
-SETTINGS = tuple(f.name for f in fields(EngineProfile) if f.name not in ("name", "engine", "version", "summary",
-                                                                          "matches", "harness", "sources",
-                                                                          "kernel_stack"))
+IDENTITY = ("name", "engine", "version", "since", "host_of", "summary", "matches", "harness", "sources",
+            "kernel_stack")
+"""Fields that say which engine a profile is, not how it runs."""
+SETTINGS = tuple(f.name for f in fields(EngineProfile) if f.name not in IDENTITY)
 """Fields a command may change for one prediction (``--max-num-seqs``...)."""
 
 
@@ -151,7 +165,7 @@ def engine_from_dict(d: dict, where: str) -> EngineProfile:
     kw = dict(d)
     kw["matches"] = tuple(kw.get("matches", ()))
     sources = kw.get("sources", {})
-    missing = [k for k in d if k in SETTINGS and k not in sources]
+    missing = [k for k in d if (k in SETTINGS or k in ("since", "host_of")) and k not in sources]
     if missing:
         raise SpecError(f"{where}.sources", missing, "every setting must cite its source")
     try:
