@@ -245,6 +245,28 @@ def test_a_release_profile_shares_the_host_times_of_its_harness():
     assert (v1.step_host_s, v1.seq_host_s) == (0.0, 1e-5)
 
 
+def test_an_overlap_scheduler_hides_host_work_under_the_step():
+    """SGLang's overlap scheduler (and TensorRT-LLM's PyTorch executor) prepares the next step while the GPUs run
+    this one: a step takes max(device, host) where a serial loop takes device + host; the breakdown still sums."""
+    from dataclasses import replace
+
+    from meshplan.cost.serve_step import decode_breakdown
+
+    consts = {"step_host_s": {"sglang": 0.001}, "seq_host_s": {"sglang": 6e-5}}
+    model, pool = catalog.model("llama3.1-8b"), catalog.cluster("1xh100-sxm").pools[0]
+    overlap = catalog.engine("sglang")
+    assert overlap.overlap_host and not catalog.engine("sglang-0.3.0").overlap_host
+    serial = replace(overlap, overlap_host=False)
+    for batch in (16, 1024):  # host 2 ms under a longer step; 62 ms over a shorter one
+        host = 0.001 + batch * 6e-5
+        a = step_context(model, pool, ServePlan(), overlap, consts)
+        b = step_context(model, pool, ServePlan(), serial, consts)
+        device = decode_time(b, batch=batch, context=1000) - host
+        assert decode_time(a, batch=batch, context=1000) == pytest.approx(max(device, host), rel=1e-12)
+        assert sum(decode_breakdown(a, batch=batch, context=1000).values()) == \
+            pytest.approx(decode_time(a, batch=batch, context=1000), rel=1e-12)
+
+
 def test_host_time_per_sequence_adds_to_every_step():
     """``seq_host_s`` is host work per running sequence per step: a decode step of 100 sequences gains exactly
     100 of it, a prefill step of 4 prompts 4, and an engine without it is unchanged."""

@@ -106,6 +106,13 @@ def host_time(ctx: StepContext, seqs: int) -> float:
     return ctx.step_host_s + seqs * ctx.seq_host_s
 
 
+def with_host(ctx: StepContext, device: float, seqs: int) -> float:
+    """A step of ``device`` seconds on the GPUs with its host work over ``seqs`` sequences: their sum, or the longer
+    of the two when the scheduler prepares the next step while this one runs (``EngineProfile.overlap_host``)."""
+    host = host_time(ctx, seqs)
+    return max(device, host) if ctx.engine.overlap_host else device + host
+
+
 def kv_bytes_per_token(layer: LayerSpec, kv_bytes: float) -> float:
     """KV-cache bytes one token of one layer stores, whole (all heads): K and V of every KV head (MHA/GQA,
     2 n_kv d_h b), or MLA's one latent of kv_lora_rank + qk_rope_head_dim (sglang MLATokenToKVPool)."""
@@ -311,7 +318,7 @@ def prefill_time(ctx: StepContext, *, tokens: int, prompts: int = 1) -> float:
     rows = tokens * prompts
     t = sum(stage_time(ctx, blocks, tokens=rows, seq=tokens, kv_tokens=0.0,
                        head_rows=prompts if i == len(stages) - 1 else 0) for i, blocks in enumerate(stages))
-    return t + (len(stages) - 1) * _p2p(ctx, rows) + host_time(ctx, prompts)
+    return with_host(ctx, t + (len(stages) - 1) * _p2p(ctx, rows), prompts)
 
 
 def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:
@@ -327,7 +334,7 @@ def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:
     slowest = max(stage_time(ctx, blocks, tokens=rows, seq=int(context), kv_tokens=micro * context,
                              head_rows=rows if i == len(stages) - 1 else 0) for i, blocks in enumerate(stages))
     launches = 0.0 if ctx.engine.uses_graph(micro) else _eager_launches(ctx)
-    return pp * max(slowest, launches) + (pp - 1) * _p2p(ctx, micro) + host_time(ctx, batch)
+    return with_host(ctx, pp * max(slowest, launches) + (pp - 1) * _p2p(ctx, micro), batch)
 
 
 def mixed_time(ctx: StepContext, *, batch: int, context: float, chunk: int, seq: int) -> float:
@@ -343,7 +350,7 @@ def mixed_time(ctx: StepContext, *, batch: int, context: float, chunk: int, seq:
     stages = stage_blocks(ctx.model, pp)
     slowest = max(_mixed_stage(ctx, blocks, decode=micro, context=context, chunk=part, seq=seq,
                                last=i == len(stages) - 1) for i, blocks in enumerate(stages))
-    return pp * max(slowest, _eager_launches(ctx)) + (pp - 1) * _p2p(ctx, micro + part) + host_time(ctx, batch)
+    return with_host(ctx, pp * max(slowest, _eager_launches(ctx)) + (pp - 1) * _p2p(ctx, micro + part), batch)
 
 
 def _mixed_stage(ctx: StepContext, blocks: list[BlockSpec], *, decode: int, context: float, chunk: int, seq: int,
@@ -392,5 +399,6 @@ def decode_breakdown(ctx: StepContext, *, batch: int, context: float) -> dict[st
     eager = 0.0 if ctx.engine.uses_graph(micro) else _eager_launches(ctx)
     out["launches"] = pp * max(eager - sum(best.values()), 0.0)
     out["pp_sends"] = (pp - 1) * _p2p(ctx, micro)
-    out["host"] = host_time(ctx, batch)
+    device = sum(out.values())
+    out["host"] = with_host(ctx, device, batch) - device
     return out

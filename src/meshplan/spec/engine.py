@@ -91,6 +91,9 @@ class EngineProfile:
     """How the engine or the benchmark that runs it sizes ``max_num_seqs``, ``max_batched_tokens``, chunked prefill
     and the activation tokens before it starts (``trtllm-bench``: its engine build heuristics from the workload;
     ``vllm-v0``: vLLM V0's defaults from the model's context length); ``none``: as given."""
+    overlap_host: bool = False
+    """The scheduler prepares the next step while the GPUs run this one (SGLang's overlap scheduler, TensorRT-LLM's
+    PyTorch backend), so a step takes the longer of its kernels and its host work, not their sum."""
     multi_step: int = 1
     """Decode steps scheduled per host round (vLLM ``--num-scheduler-steps``); streamed chunks carry that many
     tokens, so ITL is that many steps."""
