@@ -267,6 +267,23 @@ def test_an_overlap_scheduler_hides_host_work_under_the_step():
             pytest.approx(decode_time(a, batch=batch, context=1000), rel=1e-12)
 
 
+def test_a_generation_without_serving_rows_takes_the_fitted_generations_median():
+    """No visible serving row runs on Blackwell: a serving engine there takes the median of the fitted generations'
+    kernel constants, not the training fit's; the runtime's own decoder (a training stack's kernels) keeps its
+    calibration."""
+    from meshplan.cost.calib import gpu_calibration
+
+    consts = {"decode_mem_eff": {"ampere": 0.6, "hopper": 0.65, "ada": 0.95}, "allreduce_s": {"hopper": 8e-6}}
+    model = catalog.model("llama3.1-8b")
+    b200 = catalog.cluster("1xb200").pools[0]
+    ctx = step_context(model, b200, ServePlan(), catalog.engine("vllm"), consts)
+    assert (ctx.calib.mem_eff, ctx.allreduce_s) == (0.65, 8e-6)
+    assert step_context(model, catalog.cluster("1xh100-sxm").pools[0], ServePlan(), catalog.engine("vllm"),
+                        consts).calib.mem_eff == 0.65
+    own = step_context(model, b200, ServePlan(), catalog.engine("meshplan"), consts)
+    assert own.calib.mem_eff == gpu_calibration(b200.gpu).mem_eff and own.allreduce_s == 0.0
+
+
 def test_host_time_per_sequence_adds_to_every_step():
     """``seq_host_s`` is host work per running sequence per step: a decode step of 100 sequences gains exactly
     100 of it, a prefill step of 4 prompts 4, and an engine without it is unchanged."""

@@ -11,6 +11,7 @@ all-reduces per layer are KB-sized, so latency-bound.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, replace
 
 from meshplan.cost.calib import gpu_calibration
@@ -71,24 +72,37 @@ class StepContext:
     network: NIM's TTFT "includes request queuing time, prefill time, and network latency") (s): per engine."""
 
 
+def per_generation(constants: dict, table: str, generation: str, engine: EngineProfile) -> float | None:
+    """A serving kernel constant of a GPU generation: its fitted value, else, for an engine of serving kernels,
+    the median of the generations fitted (they reach similar shares of each GPU's peaks across generations, not
+    the training fit's: left out of the fit, Ampere's throughput rows are 9.0 % off this way and 16.7 % on the
+    training constants, Hopper's 7.0 % and 9.3 %, Ada's 5.0 % and 6.6 %, benchmarks/bench_serve_generations.py),
+    else None (the calibration of the training stack whose kernels the engine runs, ``kernel_stack``)."""
+    t = constants.get(table, {})
+    if generation in t:
+        return t[generation]
+    return statistics.median(t.values()) if t and not engine.kernel_stack else None
+
+
 def step_context(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EngineProfile, constants: dict) -> StepContext:
     """The context of a replica, with the kernel constants of its GPU and the engine's host time."""
     calib = gpu_calibration(pool.gpu)
-    mem = constants.get("decode_mem_eff", {}).get(pool.gpu.generation)
+    gen = pool.gpu.generation
+    mem = per_generation(constants, "decode_mem_eff", gen, engine)
     if mem:
         calib = calib.with_(mem_eff=mem)
     # A prefill runs attention forward only, in the engine's fused kernels (TRT-LLM FMHA, FlashInfer, FA3 on
     # Hopper), whose efficiency is not the training fit's forward+backward average of the training stacks' kernels
-    att = constants.get("prefill_attn_eff", {}).get(pool.gpu.generation)
+    att = per_generation(constants, "prefill_attn_eff", gen, engine)
     if att:
         calib = calib.with_(attn_eff=att)
 
     # An engine's GEMMs (weights quantized once offline, forward only: no backward, no Transformer Engine amax
     # history or transposes) reach their own share of each dtype's peak, not the training stacks' fit
-    gemm = constants.get("engine_gemm_eff", {}).get(pool.gpu.generation)
+    gemm = per_generation(constants, "engine_gemm_eff", gen, engine)
     if gemm:
         calib = calib.with_(gemm_eff=gemm, fp8_eff=gemm)
-    kv_eff = constants.get("decode_kv_eff", {}).get(pool.gpu.generation, 0.0)
+    kv_eff = per_generation(constants, "decode_kv_eff", gen, engine) or 0.0
 
     def per_engine(table: str) -> float:
         # A profile's own constant, else that of the profile it shares its code with, else its family's (vllm,
@@ -97,7 +111,7 @@ def step_context(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EnginePr
         return t.get(engine.name, t.get(engine.host_of, t.get(engine.engine, 0.0)))
     return StepContext(model=model, pool=pool, plan=plan, engine=engine, calib=calib, kv_eff=kv_eff,
                        step_host_s=per_engine("step_host_s"), seq_host_s=per_engine("seq_host_s"),
-                       allreduce_s=constants.get("allreduce_s", {}).get(pool.gpu.generation, 0.0),
+                       allreduce_s=per_generation(constants, "allreduce_s", gen, engine) or 0.0,
                        request_s=per_engine("request_s"))
 
 
