@@ -266,6 +266,9 @@ def test_an_overlap_scheduler_hides_host_work_under_the_step():
         assert decode_time(a, batch=batch, context=1000) == pytest.approx(max(device, host), rel=1e-12)
         assert sum(decode_breakdown(a, batch=batch, context=1000).values()) == \
             pytest.approx(decode_time(a, batch=batch, context=1000), rel=1e-12)
+    # SGLang turns the overlap off with pipeline parallelism (server_args.py _handle_pipeline_parallelism)
+    assert overlap.overlaps_host(1) and not overlap.overlaps_host(2)
+    assert catalog.engine("trtllm").overlaps_host(4)
 
 
 def test_a_generation_without_serving_rows_takes_the_fitted_generations_median():

@@ -124,7 +124,7 @@ def with_host(ctx: StepContext, device: float, seqs: int) -> float:
     """A step of ``device`` seconds on the GPUs with its host work over ``seqs`` sequences: their sum, or the longer
     of the two when the scheduler prepares the next step while this one runs (``EngineProfile.overlap_host``)."""
     host = host_time(ctx, seqs)
-    return max(device, host) if ctx.engine.overlap_host else device + host
+    return max(device, host) if ctx.engine.overlaps_host(ctx.plan.pp) else device + host
 
 
 def kv_bytes_per_token(layer: LayerSpec, kv_bytes: float) -> float:

@@ -94,6 +94,8 @@ class EngineProfile:
     overlap_host: bool = False
     """The scheduler prepares the next step while the GPUs run this one (SGLang's overlap scheduler, TensorRT-LLM's
     PyTorch backend), so a step takes the longer of its kernels and its host work, not their sum."""
+    overlap_max_pp: int = 0
+    """Largest pipeline degree the overlap scheduler runs with (SGLang turns it off beyond 1); 0 = any."""
     multi_step: int = 1
     """Decode steps scheduled per host round (vLLM ``--num-scheduler-steps``); streamed chunks carry that many
     tokens, so ITL is that many steps."""
@@ -115,8 +117,13 @@ class EngineProfile:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SpecError(f"engine.{name}", v, "must be an integer >= 1")
-        if self.cuda_graph_max_batch < 0 or self.custom_allreduce_bytes < 0 or self.runtime_reserve_gib < 0:
+        if (self.cuda_graph_max_batch < 0 or self.custom_allreduce_bytes < 0 or self.runtime_reserve_gib < 0
+                or self.overlap_max_pp < 0):
             raise SpecError(f"engine {self.name}", "negative size", "sizes must be >= 0")
+
+    def overlaps_host(self, pp: int) -> bool:
+        """Whether a replica of ``pp`` pipeline stages runs the overlap scheduler (``overlap_host``)."""
+        return self.overlap_host and (self.overlap_max_pp == 0 or pp <= self.overlap_max_pp)
 
     @property
     def version_key(self) -> tuple[int, ...]:
