@@ -314,3 +314,30 @@ def test_every_tp_all_reduce_pays_the_barrier_constant():
         slow = step_context(model, pool, p, eng, {"allreduce_s": {"hopper": 1e-5}})
         gap = decode_time(slow, batch=8, context=500) - decode_time(bare, batch=8, context=500)
         assert gap == pytest.approx(calls * 1e-5, abs=1e-9)
+
+
+def test_fp4_serving_reads_nvfp4_weights_on_fp4_tensor_cores():
+    """NVFP4 (ModelOpt's W4A4): 4-bit E2M1 values plus one E4M3 scale per 16 = 4.5 bits a weight; its GEMMs run at
+    the FP4 peak (B200: 9 PFLOP/s dense, its datasheet's sparse / 2) with the fixed part of a tile weighing 4x;
+    a GPU without FP4 tensor cores refuses the plan, naming the ones that have them."""
+    from meshplan.cost.compute import gemm_time, shape_eff
+    from meshplan.cost.ops import Gemm
+    from meshplan.spec.calibration import Calibration
+
+    assert ServePlan(precision="fp4").weight_bytes == 0.5625
+    b200, h100 = catalog.gpu("b200"), catalog.gpu("h100-sxm")
+    assert (b200.peak_flops("fp4"), h100.peak_flops("fp4")) == (9000e12, 0.0)
+    calib = Calibration(fp8_eff=0.7, n_half=64, launch_s=0.0, mem_eff=0.8)
+    g = Gemm(name="fc1", m=8192, n=8192, k=8192, linear=True)
+    compute = g.flops / (9000e12 * 0.7 * shape_eff(8192, 8192, 8192, calib, rate=4.0))
+    memory = 0.5625 * 3 * 8192 * 8192 / (b200.hbm_bandwidth * 0.8)
+    assert gemm_time(g, gpu=b200, calib=calib, dtype="fp4") == pytest.approx(max(compute, memory))
+    assert shape_eff(256, 8192, 8192, calib, rate=4.0) == pytest.approx(shape_eff(256, 8192, 8192,
+                                                                               Calibration(n_half=256), rate=1.0))
+    with pytest.raises(SpecError, match="FP4 tensor cores.*b200"):
+        step_context(catalog.model("llama3.1-8b"), catalog.cluster("1xh100-sxm").pools[0], ServePlan(precision="fp4"),
+                     catalog.engine("vllm"), {})
+    from meshplan.calibrate.serve_validate import row_plan
+
+    plan = row_plan({"precision": "NVFP4", "tp": "1", "pp": "1", "dp": "1"}, catalog.engine("trtllm-0.17"))
+    assert (plan.precision, plan.kv_dtype) == ("fp4", "fp8")  # ModelOpt NVFP4 exports set kv_cache_quant_algo FP8

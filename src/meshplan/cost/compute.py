@@ -9,12 +9,13 @@ from meshplan.spec.calibration import Calibration
 from meshplan.spec.hardware import DTYPE_BYTES, GPUSpec
 
 
-def shape_eff(m: float, n: float, k: float, calib: Calibration, *, fp8: bool = False) -> float:
+def shape_eff(m: float, n: float, k: float, calib: Calibration, *, fp8: bool = False, rate: float = 0.0) -> float:
     """Efficiency loss of small GEMMs: each dim d contributes d / (d + n_half) (tile quantization and
     pipeline fill; a saturating fit to cuBLAS shape sweeps). Large dims give 1. An fp8 tile's main loop runs at
     twice the 16-bit rate while its prologue, epilogue and wave tail take the same time, so the fixed part weighs
-    twice: the dimension at which fp8 efficiency halves is 2 n_half."""
-    half = calib.n_half * (2.0 if fp8 else 1.0)
+    twice: the dimension at which fp8 efficiency halves is 2 n_half (``rate``: the main loop's speed-up over
+    16 bits in general, 4 for fp4)."""
+    half = calib.n_half * (rate or (2.0 if fp8 else 1.0))
     e = 1.0
     for d in (m, n, k):
         e *= d / (d + half)
@@ -24,9 +25,11 @@ def shape_eff(m: float, n: float, k: float, calib: Calibration, *, fp8: bool = F
 def gemm_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float:
     """Seconds for one GEMM (all copies): max of compute roofline and memory roofline (Williams et al. 2009),
     and at least one kernel launch per copy. fp8 applies to weight GEMMs only."""
-    use = "fp8" if (dtype == "fp8" and g.linear) else ("bf16" if dtype == "fp8" else dtype)
+    low = dtype in ("fp8", "fp4")  # fp8 / fp4 recipes quantize the linear layers; attention BMMs stay 16-bit
+    use = dtype if (low and g.linear) else ("bf16" if low else dtype)
     peak = gpu.peak_flops(use)
-    eff = (calib.fp8_eff if use == "fp8" else calib.gemm_eff) * shape_eff(g.m, g.n, g.k, calib, fp8=use == "fp8")
+    rate = {"fp8": 2.0, "fp4": 4.0}.get(use, 1.0)
+    eff = (calib.fp8_eff if rate > 1 else calib.gemm_eff) * shape_eff(g.m, g.n, g.k, calib, rate=rate)
     if g.grouped:
         eff *= calib.moe_eff
     t_compute = g.flops / (peak * eff)
@@ -44,7 +47,7 @@ def attention_time(flops: float, *, gpu: GPUSpec, calib: Calibration, dtype: str
     """Seconds for the attention core (flash attention stays in bf16/fp16 under fp8 training)."""
     if flops <= 0:
         return 0.0
-    use = "bf16" if dtype == "fp8" else dtype
+    use = "bf16" if dtype in ("fp8", "fp4") else dtype
     return max(flops / (gpu.peak_flops(use) * calib.attn_eff), calib.launch_s)
 
 

@@ -20,6 +20,7 @@ from meshplan.cost.compute import attention_time, gemm_time, memory_time
 from meshplan.cost.memory import layer_params
 from meshplan.cost.ops import Gemm, layer_ops
 from meshplan.cost.stage import embedding_params
+from meshplan.errors import SpecError
 from meshplan.spec.calibration import Calibration
 from meshplan.spec.checks import even_split
 from meshplan.spec.cluster import Pool
@@ -86,6 +87,9 @@ def per_generation(constants: dict, table: str, generation: str, engine: EngineP
 
 def step_context(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EngineProfile, constants: dict) -> StepContext:
     """The context of a replica, with the kernel constants of its GPU and the engine's host time."""
+    if plan.precision == "fp4" and pool.gpu.peak_flops("fp4") <= 0:
+        raise SpecError("serve.precision", "fp4", f"needs FP4 tensor cores, which {pool.gpu.name} has not "
+                        "(Blackwell: b200, gb200); use fp8 or bf16")
     calib = gpu_calibration(pool.gpu)
     gen = pool.gpu.generation
     mem = per_generation(constants, "decode_mem_eff", gen, engine)
@@ -220,7 +224,10 @@ def kv_capacity_bytes(model: ModelSpec, pool: Pool, plan: ServePlan, engine: Eng
 
 def _probe(ctx: StepContext, seq: int) -> Plan:
     """The training plan whose per-rank GEMM shapes are the replica's: experts over ep, sliced over tp / ep."""
-    prec = ctx.plan.precision if ctx.plan.precision in ("fp8", "fp32") else "bf16"
+    # NVFP4 runs fp8's path outside the GEMMs (16-bit activations between layers); ``layer_parts`` gives the
+    # GEMMs their fp4 dtype
+    prec = "fp8" if ctx.plan.precision == "fp4" else (ctx.plan.precision if ctx.plan.precision in ("fp8", "fp32")
+                                                       else "bf16")
     ep = ctx.plan.ep if ctx.model.decoder.moe is not None else 1
     return Plan(global_batch=1, seq_len=max(seq, 1), tp=ctx.plan.tp, ep=ep, etp=ctx.plan.tp // ep, precision=prec)
 
@@ -272,7 +279,7 @@ def layer_parts(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv
     and SGLang's default EP combine is that same all-reduce)."""
     plan = _probe(ctx, seq)
     ops = layer_ops(layer, tokens=tokens, plan=plan, stack=kernels(ctx.engine), seq=seq)
-    dtype = plan.precision
+    dtype = ctx.plan.precision if ctx.plan.precision == "fp4" else plan.precision
     gpu, calib = ctx.pool.gpu, ctx.calib
     parts = dict.fromkeys(PARTS, 0.0)
     parts["gemm"] = sum(gemm_time(g, gpu=gpu, calib=calib, dtype=dtype)

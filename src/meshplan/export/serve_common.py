@@ -297,3 +297,8 @@ def _scalar(v) -> str:
     if isinstance(v, str) and (":" in v or _is_number(v)):  # quoted: a number-like string stays a string
         return json.dumps(v)
     return str(v)
+
+
+FP4_CHECKPOINT = ("fp4 weights: MODEL must be an NVFP4-quantized checkpoint (NVIDIA ModelOpt, hf_quant_config.json), "
+                  "whose quantization config the engine reads; it does not quantize to fp4 online")
+"""What an fp4 plan needs of the checkpoint it loads."""

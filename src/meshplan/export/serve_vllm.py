@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from meshplan.export.base import ExportError
 from meshplan.export.serve_bench import VLLM_060_CLIENT_NOTE, VLLM_CLIENT, bench_file, vllm_bench
 from meshplan.export.serve_common import (
+    FP4_CHECKPOINT,
     Launch,
     Pool,
     ServeJob,
@@ -68,7 +69,7 @@ PORT = 8000
 NIXL_PORT = 5557
 """VLLM_NIXL_SIDE_CHANNEL_PORT default (vllm/envs.py 0.11.0); each instance on a node needs its own."""
 
-_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16", "fp4": "bfloat16"}
 
 
 def export(job: ServeJob) -> tuple[dict[str, str], list[str]]:
@@ -130,10 +131,11 @@ def _expert_notes(job: ServeJob, pool: Pool, rel: VllmRelease) -> list[str]:
     return []
 
 
+
 def _kv_notes(pool: Pool) -> list[str]:
     p = pool.plan
-    if p.kv_dtype == "fp8" or p.kv_dtype == p.precision or (p.precision == "fp8" and p.kv_dtype == "bf16"):
-        return []
+    if p.kv_dtype == "fp8" or p.kv_dtype == p.precision or (p.precision in ("fp8", "fp4") and p.kv_dtype == "bf16"):
+        return [FP4_CHECKPOINT] if p.precision == "fp4" else []
     return [f"{pool.role}: KV cache in {p.kv_dtype} with {p.precision} weights: vLLM keeps the KV cache in the model "
             f"dtype ({_DTYPE[p.precision]}) unless fp8"]
 

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 from meshplan.errors import SpecError
 
-DTYPE_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
-"""Bytes of one element of each number format the GPUs' peaks are given for (IEEE 754 / OCP FP8)."""
+DTYPE_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5625}
+"""Bytes of one element of each number format the GPUs' peaks are given for (IEEE 754 / OCP FP8; NVFP4: a 4-bit
+E2M1 value plus one E4M3 scale per 16 elements, NVIDIA's "Introducing NVFP4" (2025), 4.5 bits)."""
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 GENERATIONS = ("volta", "ampere", "ada", "hopper", "blackwell", "cdna3", "tpu", "cpu")
 GB = 1e9
 GiB = 2**30
@@ -29,11 +30,13 @@ class PeakFlops:
     """FP16 tensor-core FLOP/s."""
     fp8: float = 0.0
     """FP8 tensor-core FLOP/s."""
+    fp4: float = 0.0
+    """FP4 (NVFP4) tensor-core FLOP/s (Blackwell); no fallback: a device without it cannot run FP4 GEMMs."""
 
     def get(self, dtype: str) -> float:
         """Peak for ``dtype``, falling back to the next wider type the hardware runs (fp8 -> bf16, ...)."""
         # No fp16 <-> bf16 substitution: a device without bf16 tensor cores (V100) runs bf16 at fp32 speed.
-        order = {"fp8": ("fp8", "bf16", "fp16", "fp32"), "bf16": ("bf16", "fp32"),
+        order = {"fp4": ("fp4",), "fp8": ("fp8", "bf16", "fp16", "fp32"), "bf16": ("bf16", "fp32"),
                  "fp16": ("fp16", "fp32"), "tf32": ("tf32", "fp32"), "fp32": ("fp32",)}
         for d in order[dtype]:
             v = getattr(self, d)

@@ -14,7 +14,7 @@ from typing import Any
 from meshplan.errors import SpecError, close_matches
 from meshplan.spec.cluster import ClusterSpec, Derating, NetworkLevel, Pool
 from meshplan.spec.framework import FrameworkProfile
-from meshplan.spec.hardware import GPUSpec, PeakFlops
+from meshplan.spec.hardware import DTYPES, GPUSpec, PeakFlops
 from meshplan.spec.model import (
     AttentionSpec,
     BlockSpec,
@@ -86,7 +86,7 @@ def gpu_from_dict(d: dict, where: str = "gpu") -> GPUSpec:
     "80 GB" is 80 GiB of HBM, of which CUDA sees about 79.1 GiB)."""
     check_keys(where, d, _GPU_KEYS, ("name", "generation", "peak_tflops", "hbm_gb", "hbm_tb_s", "nvlink_gb_s",
                                      "nic_gbit_s"))
-    check_keys(f"{where}.peak_tflops", d["peak_tflops"], {"fp32", "tf32", "bf16", "fp16", "fp8"})
+    check_keys(f"{where}.peak_tflops", d["peak_tflops"], set(DTYPES))
     return GPUSpec(
         name=d["name"], generation=d["generation"],
         peak=PeakFlops(**{k: float(v) * 1e12 for k, v in d["peak_tflops"].items()}),
@@ -126,7 +126,7 @@ def _calibration_pairs(d: dict, where: str) -> tuple[tuple[str, float], ...]:
 
 def gpu_to_dict(g: GPUSpec) -> dict:
     """Inverse of gpu_from_dict (datasheet units)."""
-    peaks = {k: getattr(g.peak, k) / 1e12 for k in ("fp32", "tf32", "bf16", "fp16", "fp8") if getattr(g.peak, k)}
+    peaks = {k: getattr(g.peak, k) / 1e12 for k in DTYPES if getattr(g.peak, k)}
     return {"name": g.name, "generation": g.generation, "peak_tflops": peaks, "hbm_gb": g.hbm_bytes / 1e9,
             "hbm_tb_s": g.hbm_bandwidth / 1e12, "nvlink_gb_s": g.intra_bandwidth * 2 / 1e9,
             "nic_gbit_s": g.nic_bandwidth * 8 / 1e9, "nvlink_domain": g.nvlink_domain,
