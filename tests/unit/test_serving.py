@@ -341,3 +341,27 @@ def test_fp4_serving_reads_nvfp4_weights_on_fp4_tensor_cores():
 
     plan = row_plan({"precision": "NVFP4", "tp": "1", "pp": "1", "dp": "1"}, catalog.engine("trtllm-0.17"))
     assert (plan.precision, plan.kv_dtype) == ("fp4", "fp8")  # ModelOpt NVFP4 exports set kv_cache_quant_algo FP8
+
+
+def test_int4_weight_only_reads_packed_weights_and_computes_in_16_bits():
+    """AWQ / GPTQ weight-only int4 (group 128: eight weights per int32, one fp16 scale and one 4-bit zero per
+    group, 4 + 20/128 bits a weight): a linear GEMM computes at the 16-bit peak while it reads its weights at that
+    width and its activations at 16 bits; attention and the other GEMMs are plain 16-bit."""
+    from meshplan.cost.compute import gemm_time, shape_eff
+    from meshplan.cost.ops import Gemm
+    from meshplan.spec.calibration import Calibration
+
+    assert ServePlan(precision="int4").weight_bytes == pytest.approx((4 + 20 / 128) / 8)
+    a100 = catalog.gpu("a100-80gb")
+    calib = Calibration(gemm_eff=0.7, n_half=64, launch_s=0.0, mem_eff=0.8)
+    for m in (8, 4096):  # a decode batch (weight reads bound it) and a prefill chunk (compute bounds it)
+        g = Gemm(name="fc1", m=m, n=8192, k=8192, linear=True)
+        compute = g.flops / (a100.peak_flops("bf16") * 0.7 * shape_eff(m, 8192, 8192, calib))
+        memory = ((4 + 20 / 128) / 8 * 8192 * 8192 + 2 * (m * 8192 + m * 8192)) / (a100.hbm_bandwidth * 0.8)
+        assert gemm_time(g, gpu=a100, calib=calib, dtype="int4") == pytest.approx(max(compute, memory))
+    bmm = Gemm(name="scores", m=512, n=512, k=128, linear=False)
+    assert gemm_time(bmm, gpu=a100, calib=calib, dtype="int4") == gemm_time(bmm, gpu=a100, calib=calib, dtype="bf16")
+    from meshplan.calibrate.serve_validate import row_plan
+
+    plan = row_plan({"precision": "AWQ", "tp": "2", "pp": "1", "dp": "1"}, catalog.engine("vllm"))
+    assert (plan.precision, plan.kv_dtype) == ("int4", "bf16")

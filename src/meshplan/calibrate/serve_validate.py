@@ -149,7 +149,7 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
     """The deployment of a row: tp, pp and data-parallel replicas at the row's precision; fp8 weights also mean
     an fp8 KV cache on engines whose fp8 recipe quantizes it (``fp8_kv``)."""
     prec = row["precision"].strip().lower()
-    prec = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8", "nvfp4": "fp4"}.get(prec, prec)
+    prec = {"nvfp4": "fp4", "awq": "int4", "gptq": "int4", "w4a16": "int4", "int4-awq": "int4"}.get(prec, prec)
     kv = "fp8" if prec in ("fp8", "fp4") and engine.fp8_kv else ("fp16" if prec == "fp16" else "bf16")
     return ServePlan(tp=_int(row, "tp"), pp=_int(row, "pp"), replicas=_int(row, "dp"), precision=prec, kv_dtype=kv,
                      engine=engine.name)

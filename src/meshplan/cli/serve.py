@@ -186,7 +186,8 @@ def register(app: typer.Typer) -> None:
         objective: str = typer.Option("throughput", "--objective", help="throughput (tokens/s per GPU), cost "
                                       "(tokens per dollar) or latency (lowest end-to-end)."),
         price: float = typer.Option(0.0, "--price", help="Dollars per GPU-hour (default: the catalog's)."),
-        precision: str = typer.Option("bf16", "--precision", help="Weights: bf16, fp16, fp8, fp4 (Blackwell)."),
+        precision: str = typer.Option("bf16", "--precision",
+                                      help="Weights: bf16, fp16, fp8, fp4 (Blackwell), int4 (AWQ/GPTQ)."),
         kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache: bf16, fp16 or fp8."),
         tp: int = typer.Option(0, "--tp", min=0, help="Pin TP per replica (0 = searched)."),
         pp: int = typer.Option(0, "--pp", min=0, help="Pin pipeline stages per replica (0 = searched)."),

@@ -25,6 +25,8 @@ def shape_eff(m: float, n: float, k: float, calib: Calibration, *, fp8: bool = F
 def gemm_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float:
     """Seconds for one GEMM (all copies): max of compute roofline and memory roofline (Williams et al. 2009),
     and at least one kernel launch per copy. fp8 applies to weight GEMMs only."""
+    if dtype == "int4":  # weight-only: 4-bit weights dequantized into 16-bit MMAs (Marlin, AWQ GEMM kernels)
+        return _weight_only_time(g, gpu=gpu, calib=calib)
     low = dtype in ("fp8", "fp4")  # fp8 / fp4 recipes quantize the linear layers; attention BMMs stay 16-bit
     use = dtype if (low and g.linear) else ("bf16" if low else dtype)
     peak = gpu.peak_flops(use)
@@ -43,11 +45,22 @@ def gemm_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float
     return t
 
 
+def _weight_only_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration) -> float:
+    """A GEMM of int4 weight-only quantization: the 16-bit roofline's compute, its weights read at
+    ``DTYPE_BYTES["int4"]`` and its activations at 16 bits (a linear layer's; other GEMMs are plain 16-bit)."""
+    if not g.linear:
+        return gemm_time(g, gpu=gpu, calib=calib, dtype="bf16")
+    eff = calib.gemm_eff * shape_eff(g.m, g.n, g.k, calib) * (calib.moe_eff if g.grouped else 1.0)
+    t_compute = g.flops / (gpu.peak_flops("bf16") * eff)
+    nbytes = g.count * (DTYPE_BYTES["int4"] * g.k * g.n + 2.0 * (g.m * g.k + g.m * g.n))
+    return max(t_compute, nbytes / (gpu.hbm_bandwidth * calib.mem_eff), g.count * calib.launch_s)
+
+
 def attention_time(flops: float, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float:
     """Seconds for the attention core (flash attention stays in bf16/fp16 under fp8 training)."""
     if flops <= 0:
         return 0.0
-    use = "bf16" if dtype in ("fp8", "fp4") else dtype
+    use = "bf16" if dtype in ("fp8", "fp4", "int4") else dtype
     return max(flops / (gpu.peak_flops(use) * calib.attn_eff), calib.launch_s)
 
 

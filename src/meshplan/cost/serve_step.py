@@ -279,7 +279,7 @@ def layer_parts(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv
     and SGLang's default EP combine is that same all-reduce)."""
     plan = _probe(ctx, seq)
     ops = layer_ops(layer, tokens=tokens, plan=plan, stack=kernels(ctx.engine), seq=seq)
-    dtype = ctx.plan.precision if ctx.plan.precision == "fp4" else plan.precision
+    dtype = ctx.plan.precision if ctx.plan.precision in ("fp4", "int4") else plan.precision
     gpu, calib = ctx.pool.gpu, ctx.calib
     parts = dict.fromkeys(PARTS, 0.0)
     parts["gemm"] = sum(gemm_time(g, gpu=gpu, calib=calib, dtype=dtype)

@@ -302,3 +302,11 @@ def _scalar(v) -> str:
 FP4_CHECKPOINT = ("fp4 weights: MODEL must be an NVFP4-quantized checkpoint (NVIDIA ModelOpt, hf_quant_config.json), "
                   "whose quantization config the engine reads; it does not quantize to fp4 online")
 """What an fp4 plan needs of the checkpoint it loads."""
+INT4_CHECKPOINT = ("int4 weights: MODEL must be a 4-bit weight-only checkpoint (AWQ or GPTQ, group 128), whose "
+                   "quantization config the engine reads; it does not quantize online")
+"""What an int4 plan needs of the checkpoint it loads."""
+
+
+def checkpoint_notes(precision: str) -> list[str]:
+    """What the checkpoint of a quantized plan must be (``FP4_CHECKPOINT``, ``INT4_CHECKPOINT``), else nothing."""
+    return {"fp4": [FP4_CHECKPOINT], "int4": [INT4_CHECKPOINT]}.get(precision, [])

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from meshplan.export.base import ExportError
 from meshplan.export.serve_bench import bench_file, sglang_bench
 from meshplan.export.serve_common import (
-    FP4_CHECKPOINT,
     HOST,
     Launch,
     Pool,
     ServeJob,
     changed_settings,
+    checkpoint_notes,
     context_len,
     fits_one_node,
     header,
@@ -78,7 +78,8 @@ BOOTSTRAP_PORT = 8998
 TRANSFER_BACKEND = "mooncake"
 """--disaggregation-transfer-backend default (0.5.23), written out."""
 
-_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16", "fp4": "bfloat16"}
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16", "fp4": "bfloat16",
+          "int4": "float16"}
 
 
 def export(job: ServeJob) -> tuple[dict[str, str], list[str]]:
@@ -140,9 +141,9 @@ def _approximations(job: ServeJob, rel: SglangRelease) -> list[str]:
         elif p.ep > 1 and not rel.expert:
             out.append(f"{pool.role}: ep={p.ep}: this SGLang has no --ep-size; experts are sharded by tensor "
                        f"parallelism over tp={p.tp}")
-        if p.precision == "fp4":
-            out.append(f"{pool.role}: {FP4_CHECKPOINT}")
-        if p.kv_dtype not in ("fp8", p.precision) and not (p.precision in ("fp8", "fp4") and p.kv_dtype == "bf16"):
+        out += [f"{pool.role}: {n}" for n in checkpoint_notes(p.precision)]
+        quantized = p.precision in ("fp8", "fp4", "int4")
+        if p.kv_dtype not in ("fp8", p.precision) and not (quantized and p.kv_dtype in ("bf16", "fp16")):
             out.append(f"{pool.role}: KV cache in {p.kv_dtype} with {p.precision} weights: SGLang keeps the KV "
                        "cache in the model dtype unless fp8")
     return out

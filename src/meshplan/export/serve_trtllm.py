@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from meshplan.export.base import ExportError
 from meshplan.export.serve_bench import VLLM_CLIENT, bench_file, vllm_bench
 from meshplan.export.serve_common import (
-    FP4_CHECKPOINT,
     HOST,
     Launch,
     Pool,
     ServeJob,
     changed_settings,
+    checkpoint_notes,
     context_len,
     header,
     pick_release,
@@ -112,8 +112,7 @@ def _approximations(job: ServeJob, rel: TrtllmRelease) -> list[str]:
         p = pool.plan
         if p.ep > 1 and not job.model.is_moe:
             out.append(f"{pool.role}: ep={p.ep} on a dense model: nothing to split by expert, ignored")
-        if p.precision == "fp4":
-            out.append(f"{pool.role}: {FP4_CHECKPOINT}")
+        out += [f"{pool.role}: {n}" for n in checkpoint_notes(p.precision)]
         if p.precision == "fp8" and p.kv_dtype != "fp8" and e.fp8_kv:
             out.append(f"{pool.role}: {p.kv_dtype} KV with fp8 weights: TensorRT-LLM's FP8 checkpoints usually "
                        "carry an FP8 KV cache (kv_cache_quant_algo), which the checkpoint, not a flag, decides")
@@ -187,7 +186,7 @@ def llm_api_options(job: ServeJob, pool: Pool) -> dict:
     policy = "GUARANTEED_NO_EVICT" if e.admission == "reserve" else "MAX_UTILIZATION"
     opts = {"kv_cache_config": kv, "enable_chunked_prefill": e.chunked_prefill, "cuda_graph_config": graphs,
             "scheduler_config": {"capacity_scheduler_policy": policy}}
-    if p.precision not in ("fp8", "fp4"):  # a quantized checkpoint's dtype stays auto: its config decides
+    if p.precision not in ("fp8", "fp4", "int4"):  # a quantized checkpoint's dtype stays auto: its config decides
         opts["dtype"] = _DTYPE[p.precision]
     if e.custom_allreduce_bytes == 0:
         opts["allreduce_strategy"] = "NCCL"

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from meshplan.export.base import ExportError
 from meshplan.export.serve_bench import VLLM_060_CLIENT_NOTE, VLLM_CLIENT, bench_file, vllm_bench
 from meshplan.export.serve_common import (
-    FP4_CHECKPOINT,
     Launch,
     Pool,
     ServeJob,
     changed_settings,
+    checkpoint_notes,
     context_len,
     fits_one_node,
     header,
@@ -69,7 +69,8 @@ PORT = 8000
 NIXL_PORT = 5557
 """VLLM_NIXL_SIDE_CHANNEL_PORT default (vllm/envs.py 0.11.0); each instance on a node needs its own."""
 
-_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16", "fp4": "bfloat16"}
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16", "fp4": "bfloat16",
+          "int4": "float16"}
 
 
 def export(job: ServeJob) -> tuple[dict[str, str], list[str]]:
@@ -134,8 +135,9 @@ def _expert_notes(job: ServeJob, pool: Pool, rel: VllmRelease) -> list[str]:
 
 def _kv_notes(pool: Pool) -> list[str]:
     p = pool.plan
-    if p.kv_dtype == "fp8" or p.kv_dtype == p.precision or (p.precision in ("fp8", "fp4") and p.kv_dtype == "bf16"):
-        return [FP4_CHECKPOINT] if p.precision == "fp4" else []
+    quantized = p.precision in ("fp8", "fp4", "int4")
+    if p.kv_dtype == "fp8" or p.kv_dtype == p.precision or (quantized and p.kv_dtype in ("bf16", "fp16")):
+        return checkpoint_notes(p.precision)
     return [f"{pool.role}: KV cache in {p.kv_dtype} with {p.precision} weights: vLLM keeps the KV cache in the model "
             f"dtype ({_DTYPE[p.precision]}) unless fp8"]
 

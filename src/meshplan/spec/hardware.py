@@ -6,9 +6,11 @@ from dataclasses import dataclass
 
 from meshplan.errors import SpecError
 
-DTYPE_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5625}
+DTYPE_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5625, "int4": 0.51953125}
 """Bytes of one element of each number format the GPUs' peaks are given for (IEEE 754 / OCP FP8; NVFP4: a 4-bit
-E2M1 value plus one E4M3 scale per 16 elements, NVIDIA's "Introducing NVFP4" (2025), 4.5 bits)."""
+E2M1 value plus one E4M3 scale per 16 elements, NVIDIA's "Introducing NVFP4" (2025), 4.5 bits), and of int4
+weight-only weights (AWQ / GPTQ packing: eight 4-bit weights per int32, per group of 128 one fp16 scale and one
+packed 4-bit zero, 4 + 20/128 bits; AutoAWQ WQLinear, GPTQ QuantLinear)."""
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 GENERATIONS = ("volta", "ampere", "ada", "hopper", "blackwell", "cdna3", "tpu", "cpu")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from meshplan.errors import SpecError
 from meshplan.spec.hardware import DTYPE_BYTES
 
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp4", "fp32")
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp4", "int4", "fp32")
 KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")
 """fp32 is what a CPU computes in (``check --serve``); GPUs serve in 16 or 8 bits."""
 
@@ -32,7 +32,8 @@ class ServePlan:
     """Independent engine instances (data parallel); requests are spread evenly."""
     precision: str = "bf16"
     """Weight and GEMM precision (``fp8``: weights and activations in fp8, as TensorRT-LLM's FP8 quantization;
-    ``fp4``: NVFP4 weights and activations, ModelOpt's W4A4 recipe, on GPUs with FP4 tensor cores)."""
+    ``fp4``: NVFP4 weights and activations, ModelOpt's W4A4 recipe, on GPUs with FP4 tensor cores; ``int4``: AWQ /
+    GPTQ weight-only 4-bit weights with 16-bit activations)."""
     kv_dtype: str = "bf16"
     """KV-cache element type."""
     engine: str = "vllm"
