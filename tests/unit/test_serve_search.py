@@ -196,6 +196,8 @@ BASE = ("--model", "llama3.1-70b", "--gpus", "8xh100-sxm", "--input-len", "1000"
     (("--tp", "16"), "exceeds the 8 GPUs"),
     (("--concurrency", "4", "--rate", "2"), "not both"),
     (("--kv-dtype", "int4"), "--kv-dtype"),
+    (("--precision", "fp4"), "FP4 tensor cores"),          # H100 has none: the GPUs that do are named
+    (("--precision", "int3"), "--precision"),
     (("--objective", "speed"), "objective"),
     (("--ttft-ms", "-5"), "--ttft-ms"),
     (("--disagg", "maybe"), "disagg"),
