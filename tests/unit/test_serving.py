@@ -9,17 +9,15 @@ import pytest
 from meshplan import catalog
 from meshplan.cost.memory import layer_params
 from meshplan.cost.serve_load import fit_check, kv_capacity_tokens, predict_load
-from meshplan.cost.serve_step import (
-    GiB,
+from meshplan.cost.serve_memory import (
     activation_bytes,
-    decode_time,
     kv_bytes_per_token,
     kv_bytes_per_token_per_gpu,
-    prefill_time,
-    step_context,
     weight_bytes_per_gpu,
 )
+from meshplan.cost.serve_step import decode_time, prefill_time, step_context
 from meshplan.errors import SpecError
+from meshplan.spec.hardware import GiB
 from meshplan.spec.serving import ServePlan, Workload
 
 

@@ -18,7 +18,8 @@ from meshplan.cost.serve_load import (
     mean_prefill,
     resident_under_load,
 )
-from meshplan.cost.serve_step import StepContext, decode_time, kv_bytes_per_token
+from meshplan.cost.serve_memory import kv_bytes_per_token
+from meshplan.cost.serve_step import StepContext, decode_time
 from meshplan.spec.cluster import group_link
 from meshplan.spec.serving import Workload
 

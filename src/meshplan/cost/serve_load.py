@@ -16,16 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.cost.serve_chunked import chunked_state
-from meshplan.cost.serve_step import (
-    GiB,
-    StepContext,
-    decode_time,
-    kv_bytes_per_token_per_gpu,
-    kv_capacity_bytes,
-    prefill_time,
-    weight_bytes_per_gpu,
-)
+from meshplan.cost.serve_memory import kv_bytes_per_token_per_gpu, kv_capacity_bytes, weight_bytes_per_gpu
+from meshplan.cost.serve_step import StepContext, decode_time, prefill_time
 from meshplan.errors import Infeasible
+from meshplan.spec.hardware import GiB
 from meshplan.spec.serving import Workload
 
 

@@ -14,7 +14,7 @@ import math
 from dataclasses import replace
 
 from meshplan.cost.memory import model_params
-from meshplan.cost.serve_step import kv_bytes_per_token_per_gpu
+from meshplan.cost.serve_memory import kv_bytes_per_token_per_gpu
 from meshplan.spec.cluster import Pool
 from meshplan.spec.engine import EngineProfile
 from meshplan.spec.model import ModelSpec

@@ -1,8 +1,8 @@
 """The serving step model: one prefill or decode step of a replica, from the same per-layer physics the training
 model uses (``cost.ops`` GEMM shapes, ``cost.compute`` rooflines with the fitted kernel efficiencies,
-``cost.comm`` collectives on the link their group spans), plus the two things serving adds: the KV cache (one
-home here for its bytes per token, used by memory, admission and transfer alike) and the engine's per-step
-host time.
+``cost.comm`` collectives on the link their group spans), plus the two things serving adds: the KV cache (its
+bytes per token and the replica's memory live in ``cost.serve_memory``, used by memory, admission and transfer
+alike) and the engine's per-step host time.
 
 A decode step reads every weight of the stage and the running sequences' KV once; at decode batch sizes that
 is memory-bound (``gemm_time`` takes the larger of the compute and the memory roofline), and its two TP
@@ -17,12 +17,10 @@ from dataclasses import dataclass, replace
 from meshplan.cost.calib import gpu_calibration
 from meshplan.cost.comm import collective_time, plan_links
 from meshplan.cost.compute import attention_time, gemm_time, memory_time
-from meshplan.cost.memory import layer_params
 from meshplan.cost.ops import Gemm, layer_ops
-from meshplan.cost.stage import embedding_params
+from meshplan.cost.serve_memory import activation_element_bytes, kv_bytes_per_token, kv_shard, stage_blocks
 from meshplan.errors import SpecError
 from meshplan.spec.calibration import Calibration
-from meshplan.spec.checks import even_split
 from meshplan.spec.cluster import Pool
 from meshplan.spec.engine import EngineProfile
 from meshplan.spec.framework import FrameworkProfile
@@ -32,7 +30,6 @@ from meshplan.spec.serving import ServePlan
 
 SERVING_KERNELS = FrameworkProfile(name="serving-kernels", fused_kernels=True, flash_attention=True)
 """Engines run fused kernels and flash/paged attention (FlashAttention, FlashInfer, TRT-LLM XQA)."""
-GiB = 2.0**30
 
 
 def kernels(engine: EngineProfile) -> FrameworkProfile:
@@ -129,97 +126,6 @@ def with_host(ctx: StepContext, device: float, seqs: int) -> float:
     of the two when the scheduler prepares the next step while this one runs (``EngineProfile.overlap_host``)."""
     host = host_time(ctx, seqs)
     return max(device, host) if ctx.engine.overlaps_host(ctx.plan.pp) else device + host
-
-
-def kv_bytes_per_token(layer: LayerSpec, kv_bytes: float) -> float:
-    """KV-cache bytes one token of one layer stores, whole (all heads): K and V of every KV head (MHA/GQA,
-    2 n_kv d_h b), or MLA's one latent of kv_lora_rank + qk_rope_head_dim (sglang MLATokenToKVPool)."""
-    att = layer.attention
-    if att is None:
-        return 0.0
-    if att.kind == "mla":
-        return (att.kv_lora_rank + att.qk_rope_head_dim) * kv_bytes
-    return 2.0 * att.n_kv_heads * att.head_dim * kv_bytes
-
-
-def kv_shard(layer: LayerSpec, tp: int) -> int:
-    """Ranks one layer's KV is split over: the KV heads over tp, replicated beyond tp = n_kv (each rank keeps at
-    least one head); MLA's latent is replicated on every TP rank (``ReplicatedLinear`` kv_a_proj)."""
-    att = layer.attention
-    if att is None or att.kind == "mla":
-        return 1
-    return min(tp, att.n_kv_heads)
-
-
-def stage_blocks(model: ModelSpec, pp: int) -> list[list[BlockSpec]]:
-    """The layers of each pipeline stage (even split, remainder to the middle stages)."""
-    layers = [b for b, _ in model.layers()]
-    out, start = [], 0
-    for n in even_split(len(layers), pp):
-        out.append(layers[start:start + n])
-        start += n
-    return out
-
-
-def kv_bytes_per_token_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
-    """KV bytes one token costs the fullest GPU of a replica (its stage's layers, split over tp as far as the
-    KV heads allow)."""
-    return max(sum(kv_bytes_per_token(b.layer, plan.kv_bytes) / kv_shard(b.layer, plan.tp) for b in blocks)
-               for blocks in stage_blocks(model, plan.pp))
-
-
-def weight_bytes_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
-    """Weight bytes of the fullest GPU: its stage's layers over tp (experts over ep x expert-tp = tp: whole
-    experts over ep, each sliced over the rest of tp, as vLLM FusedMoE and SGLang EP place them), embedding on
-    the first stage and the output head on the last (vocab-parallel), those two at ``table_bytes``."""
-    probe = Plan(global_batch=1, seq_len=1, tp=plan.tp)
-    worst = 0.0
-    stages = stage_blocks(model, plan.pp)
-    for i, blocks in enumerate(stages):
-        table = embedding_params(model, probe, first=i == 0, last=i == len(stages) - 1)
-        layers = 0.0
-        for b in blocks:
-            dense, expert = layer_params(b.layer)
-            layers += (dense + expert) / plan.tp
-        worst = max(worst, layers * plan.weight_bytes + table * table_bytes(plan))
-    return worst
-
-
-def table_bytes(plan: ServePlan) -> float:
-    """Bytes of an embedding or output-head element: 16-bit under fp8 weights, since fp8 recipes quantize only
-    the decoder's linear layers (NVIDIA ModelOpt's default config disables the ``*lm_head*`` quantizer and has
-    none for embeddings; vLLM's Fp8LinearMethod leaves VocabParallelEmbedding and ParallelLMHead unquantized)."""
-    return max(plan.weight_bytes, 2.0)
-
-
-def activation_element_bytes(plan: ServePlan) -> float:
-    """Bytes of one activation element: 16-bit on GPUs (fp8 GEMMs still pass 16-bit activations between
-    layers), fp32 when the replica computes in fp32 (a CPU)."""
-    return 4.0 if plan.precision == "fp32" else 2.0
-
-
-def activation_bytes(model: ModelSpec, plan: ServePlan, engine: EngineProfile) -> float:
-    """Peak activation memory of the engine's largest step (its profile run of ``activation_tokens``): the
-    gated MLP's intermediate and the residual stream in 16 bits, plus fp32 logits of its most sequences
-    (vLLM profile_run and sampler dummy run)."""
-    layer = model.decoder
-    width = (2 if layer.gated else 1) * max(layer.ffn_hidden, layer.moe.expert_ffn_hidden if layer.moe else 0)
-    per_token = activation_element_bytes(plan) * (width / plan.tp + 4 * layer.hidden)
-    return engine.activation_tokens * per_token + 4.0 * engine.max_num_seqs * model.vocab / plan.tp
-
-
-def kv_capacity_bytes(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EngineProfile) -> float:
-    """KV-cache bytes per GPU the engine allocates, as its own sizing rule computes them (``kv_fraction_of``);
-    negative when the weights alone do not fit."""
-    hbm = pool.gpu.hbm_bytes
-    used = weight_bytes_per_gpu(model, plan) + activation_bytes(model, plan, engine) + engine.runtime_reserve_gib * GiB
-    f = engine.kv_memory_fraction
-    if engine.kv_fraction_of == "total":  # vLLM: total x util - weights - profile-run peak - non-torch
-        return f * hbm - used
-    if engine.kv_fraction_of == "free":   # TRT-LLM: fraction of what is free after the engine is loaded
-        free = hbm - used
-        return f * free if free > 0 else free
-    return f * hbm - weight_bytes_per_gpu(model, plan)  # SGLang: weights + KV within fraction x memory
 
 
 def _probe(ctx: StepContext, seq: int) -> Plan:
