@@ -9,34 +9,39 @@ from meshplan.spec.calibration import Calibration
 from meshplan.spec.hardware import DTYPE_BYTES, GPUSpec
 
 
-def shape_eff(m: float, n: float, k: float, calib: Calibration, *, fp8: bool = False, rate: float = 0.0) -> float:
+def shape_eff(m: float, n: float, k: float, calib: Calibration, *, rate: float = 1.0) -> float:
     """Efficiency loss of small GEMMs: each dim d contributes d / (d + n_half) (tile quantization and
-    pipeline fill; a saturating fit to cuBLAS shape sweeps). Large dims give 1. An fp8 tile's main loop runs at
-    twice the 16-bit rate while its prologue, epilogue and wave tail take the same time, so the fixed part weighs
-    twice: the dimension at which fp8 efficiency halves is 2 n_half (``rate``: the main loop's speed-up over
-    16 bits in general, 4 for fp4)."""
-    half = calib.n_half * (rate or (2.0 if fp8 else 1.0))
+    pipeline fill; a saturating fit to cuBLAS shape sweeps). Large dims give 1. A low-precision tile's main loop
+    runs ``rate`` times the 16-bit speed (2 for fp8, 4 for fp4) while its prologue, epilogue and wave tail take
+    the same time, so the fixed part weighs ``rate`` times: fp8's efficiency halves at 2 n_half."""
+    half = calib.n_half * rate
     e = 1.0
     for d in (m, n, k):
         e *= d / (d + half)
     return e
 
 
+LOW_PRECISION = {"fp8": ("fp8", 2.0), "fp4": ("fp4", 4.0), "int4": ("bf16", 1.0)}
+"""Weight formats whose linear GEMMs run on another path: (the MMA dtype, its main loop's speed-up over 16
+bits). fp8 / fp4 recipes quantize weights and activations (TE, ModelOpt); int4 is weight-only, dequantized into
+16-bit MMAs (Marlin, AWQ kernels). Other GEMMs (attention BMMs) stay 16-bit."""
+
+
 def gemm_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float:
     """Seconds for one GEMM (all copies): max of compute roofline and memory roofline (Williams et al. 2009),
-    and at least one kernel launch per copy. fp8 applies to weight GEMMs only."""
-    if dtype == "int4":  # weight-only: 4-bit weights dequantized into 16-bit MMAs (Marlin, AWQ GEMM kernels)
-        return _weight_only_time(g, gpu=gpu, calib=calib)
-    low = dtype in ("fp8", "fp4")  # fp8 / fp4 recipes quantize the linear layers; attention BMMs stay 16-bit
-    use = dtype if (low and g.linear) else ("bf16" if low else dtype)
+    and at least one kernel launch per copy. A low-precision format applies to weight GEMMs only; int4's
+    weights are read at its packed width, its activations at 16 bits."""
+    use, rate = dtype, 1.0
+    if dtype in LOW_PRECISION:
+        use, rate = LOW_PRECISION[dtype] if g.linear else ("bf16", 1.0)
     peak = gpu.peak_flops(use)
-    rate = {"fp8": 2.0, "fp4": 4.0}.get(use, 1.0)
     eff = (calib.fp8_eff if rate > 1 else calib.gemm_eff) * shape_eff(g.m, g.n, g.k, calib, rate=rate)
     if g.grouped:
         eff *= calib.moe_eff
     t_compute = g.flops / (peak * eff)
     b = DTYPE_BYTES[use]
-    t_memory = g.count * b * (g.m * g.k + g.k * g.n + g.m * g.n) / (gpu.hbm_bandwidth * calib.mem_eff)
+    w = DTYPE_BYTES[dtype] if dtype == "int4" and g.linear else b
+    t_memory = g.count * (b * (g.m * g.k + g.m * g.n) + w * g.k * g.n) / (gpu.hbm_bandwidth * calib.mem_eff)
     t = max(t_compute, t_memory, g.count * calib.launch_s)
     if use == "fp8" and g.cast_pass:
         # An unfused fp8 GEMM first casts its 16-bit left operand to fp8 (read 2 bytes, write 1; torchao's
@@ -45,22 +50,11 @@ def gemm_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float
     return t
 
 
-def _weight_only_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration) -> float:
-    """A GEMM of int4 weight-only quantization: the 16-bit roofline's compute, its weights read at
-    ``DTYPE_BYTES["int4"]`` and its activations at 16 bits (a linear layer's; other GEMMs are plain 16-bit)."""
-    if not g.linear:
-        return gemm_time(g, gpu=gpu, calib=calib, dtype="bf16")
-    eff = calib.gemm_eff * shape_eff(g.m, g.n, g.k, calib) * (calib.moe_eff if g.grouped else 1.0)
-    t_compute = g.flops / (gpu.peak_flops("bf16") * eff)
-    nbytes = g.count * (DTYPE_BYTES["int4"] * g.k * g.n + 2.0 * (g.m * g.k + g.m * g.n))
-    return max(t_compute, nbytes / (gpu.hbm_bandwidth * calib.mem_eff), g.count * calib.launch_s)
-
-
 def attention_time(flops: float, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float:
     """Seconds for the attention core (flash attention stays in bf16/fp16 under fp8 training)."""
     if flops <= 0:
         return 0.0
-    use = "bf16" if dtype in ("fp8", "fp4", "int4") else dtype
+    use = "bf16" if dtype in LOW_PRECISION else dtype
     return max(flops / (gpu.peak_flops(use) * calib.attn_eff), calib.launch_s)
 
 

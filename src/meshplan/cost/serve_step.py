@@ -85,8 +85,11 @@ def per_generation(constants: dict, table: str, generation: str, engine: EngineP
 def step_context(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EngineProfile, constants: dict) -> StepContext:
     """The context of a replica, with the kernel constants of its GPU and the engine's host time."""
     if plan.precision == "fp4" and pool.gpu.peak_flops("fp4") <= 0:
+        from meshplan import catalog  # the error path only
+
+        have = [n for n in catalog.gpu_names() if catalog.gpu(n).peak_flops("fp4") > 0]
         raise SpecError("serve.precision", "fp4", f"needs FP4 tensor cores, which {pool.gpu.name} has not "
-                        "(Blackwell: b200, gb200); use fp8 or bf16")
+                        f"({', '.join(have)} have them); use fp8 or bf16")
     calib = gpu_calibration(pool.gpu)
     gen = pool.gpu.generation
     mem = per_generation(constants, "decode_mem_eff", gen, engine)
@@ -130,10 +133,9 @@ def with_host(ctx: StepContext, device: float, seqs: int) -> float:
 
 def _probe(ctx: StepContext, seq: int) -> Plan:
     """The training plan whose per-rank GEMM shapes are the replica's: experts over ep, sliced over tp / ep."""
-    # NVFP4 runs fp8's path outside the GEMMs (16-bit activations between layers); ``layer_parts`` gives the
-    # GEMMs their fp4 dtype
-    prec = "fp8" if ctx.plan.precision == "fp4" else (ctx.plan.precision if ctx.plan.precision in ("fp8", "fp32")
-                                                       else "bf16")
+    # The training plan knows no 4-bit formats: NVFP4 takes fp8's path outside the GEMMs, int4 (weight-only) the
+    # 16-bit one; ``layer_parts`` gives the GEMMs their own dtype
+    prec = {"fp8": "fp8", "fp32": "fp32", "fp4": "fp8"}.get(ctx.plan.precision, "bf16")
     ep = ctx.plan.ep if ctx.model.decoder.moe is not None else 1
     return Plan(global_batch=1, seq_len=max(seq, 1), tp=ctx.plan.tp, ep=ep, etp=ctx.plan.tp // ep, precision=prec)
 

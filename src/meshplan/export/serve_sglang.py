@@ -32,6 +32,7 @@ from meshplan.export.serve_common import (
     visible_devices,
 )
 from meshplan.export.serve_dynamo import DYNAMO_FILE, deployment
+from meshplan.spec.serving import QUANTIZED
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,8 +143,7 @@ def _approximations(job: ServeJob, rel: SglangRelease) -> list[str]:
             out.append(f"{pool.role}: ep={p.ep}: this SGLang has no --ep-size; experts are sharded by tensor "
                        f"parallelism over tp={p.tp}")
         out += [f"{pool.role}: {n}" for n in checkpoint_notes(p.precision)]
-        quantized = p.precision in ("fp8", "fp4", "int4")
-        if p.kv_dtype not in ("fp8", p.precision) and not (quantized and p.kv_dtype in ("bf16", "fp16")):
+        if p.kv_dtype not in ("fp8", p.precision) and not (p.precision in QUANTIZED and p.kv_dtype in ("bf16", "fp16")):
             out.append(f"{pool.role}: KV cache in {p.kv_dtype} with {p.precision} weights: SGLang keeps the KV "
                        "cache in the model dtype unless fp8")
     return out

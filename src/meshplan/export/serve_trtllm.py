@@ -35,6 +35,7 @@ from meshplan.export.serve_common import (
     visible_devices,
 )
 from meshplan.export.serve_dynamo import DYNAMO_FILE, deployment
+from meshplan.spec.serving import QUANTIZED
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,7 +187,7 @@ def llm_api_options(job: ServeJob, pool: Pool) -> dict:
     policy = "GUARANTEED_NO_EVICT" if e.admission == "reserve" else "MAX_UTILIZATION"
     opts = {"kv_cache_config": kv, "enable_chunked_prefill": e.chunked_prefill, "cuda_graph_config": graphs,
             "scheduler_config": {"capacity_scheduler_policy": policy}}
-    if p.precision not in ("fp8", "fp4", "int4"):  # a quantized checkpoint's dtype stays auto: its config decides
+    if p.precision not in QUANTIZED:  # a quantized checkpoint's dtype stays auto: its config decides
         opts["dtype"] = _DTYPE[p.precision]
     if e.custom_allreduce_bytes == 0:
         opts["allreduce_strategy"] = "NCCL"

@@ -31,6 +31,7 @@ from meshplan.export.serve_common import (
     visible_devices,
 )
 from meshplan.export.serve_dynamo import DYNAMO_FILE, deployment
+from meshplan.spec.serving import QUANTIZED
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,11 +136,12 @@ def _expert_notes(job: ServeJob, pool: Pool, rel: VllmRelease) -> list[str]:
 
 def _kv_notes(pool: Pool) -> list[str]:
     p = pool.plan
-    quantized = p.precision in ("fp8", "fp4", "int4")
-    if p.kv_dtype == "fp8" or p.kv_dtype == p.precision or (quantized and p.kv_dtype in ("bf16", "fp16")):
-        return checkpoint_notes(p.precision)
-    return [f"{pool.role}: KV cache in {p.kv_dtype} with {p.precision} weights: vLLM keeps the KV cache in the model "
-            f"dtype ({_DTYPE[p.precision]}) unless fp8"]
+    out = checkpoint_notes(p.precision)
+    engine_default = p.precision in QUANTIZED and p.kv_dtype in ("bf16", "fp16")
+    if p.kv_dtype == "fp8" or p.kv_dtype == p.precision or engine_default:
+        return out
+    return out + [f"{pool.role}: KV cache in {p.kv_dtype} with {p.precision} weights: vLLM keeps the KV cache in the "
+                  f"model dtype ({_DTYPE[p.precision]}) unless fp8"]
 
 
 def _check(job: ServeJob, rel: VllmRelease, max_len: int) -> None:

@@ -9,6 +9,8 @@ from meshplan.errors import SpecError
 from meshplan.spec.hardware import DTYPE_BYTES
 
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp4", "int4", "fp32")
+QUANTIZED = ("fp8", "fp4", "int4")
+"""Weight formats of a quantized checkpoint, whose 16-bit compute dtype and KV cache are the engine's default."""
 KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")
 """fp32 is what a CPU computes in (``check --serve``); GPUs serve in 16 or 8 bits."""
 
