@@ -167,70 +167,74 @@ def run_serve(req, *, top: int, as_json: bool, export: dict | None = None) -> in
 
 def register(app: typer.Typer) -> None:
     """Add the ``serve`` command."""
+    app.command("serve")(serve_cmd)
 
-    @app.command("serve")
-    def serve(
-        model: str = typer.Option(..., "--model", help="Model: catalog name, model file or HF config.json."),
-        gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 8xh100-sxm (one GPU type)."),
-        cluster: str = typer.Option("", "--cluster", help="Cluster file (one pool of GPUs and its network)."),
-        engine: str = typer.Option("vllm", "--engine", help="Serving-engine profile (catalog/engines): vllm, "
-                                   "sglang, trtllm, or a versioned one such as vllm-0.6.0."),
-        input_len: str = typer.Option(..., "--input-len", help="Prompt tokens per request: a number, bins "
-                                      "LENGTH:WEIGHT,..., a file of length,weight lines, or a dataset (sharegpt)."),
-        output_len: str = typer.Option(..., "--output-len", help="Generated tokens per request (same forms)."),
-        concurrency: int = typer.Option(0, "--concurrency", help="Closed loop: requests in flight."),
-        rate: float = typer.Option(0.0, "--rate", help="Open loop: Poisson arrivals per second. Neither: offline."),
-        ttft_ms: float = typer.Option(0.0, "--ttft-ms", help="Time-to-first-token target (ms; 0 = none)."),
-        tpot_ms: float = typer.Option(0.0, "--tpot-ms", help="Time-per-output-token target (ms; 0 = none)."),
-        percentile: str = typer.Option("p90", "--percentile", help="Percentile the SLOs bind: p50, p90, p99..."),
-        objective: str = typer.Option("throughput", "--objective", help="throughput (tokens/s per GPU), cost "
-                                      "(tokens per dollar) or latency (lowest end-to-end)."),
-        price: float = typer.Option(0.0, "--price", help="Dollars per GPU-hour (default: the catalog's)."),
-        precision: str = typer.Option("bf16", "--precision",
-                                      help="Weights: bf16, fp16, fp8, fp4 (Blackwell), int4 (AWQ/GPTQ)."),
-        kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache: bf16, fp16 or fp8."),
-        tp: int = typer.Option(0, "--tp", min=0, help="Pin TP per replica (0 = searched)."),
-        pp: int = typer.Option(0, "--pp", min=0, help="Pin pipeline stages per replica (0 = searched)."),
-        ep: int = typer.Option(0, "--ep", min=0, help="Pin expert parallelism (MoE; 0 = searched)."),
-        replicas: int = typer.Option(0, "--replicas", min=0, help="Pin data-parallel replicas (0 = searched)."),
-        max_num_seqs: int = typer.Option(0, "--max-num-seqs", min=0, help="Pin the engine's running-sequence cap "
-                                         "(0 = the profile's, and lower caps searched)."),
-        disagg: str = typer.Option("auto", "--disagg", help="auto (aggregated and disaggregated), off, or only."),
-        top: int = typer.Option(5, "--top", min=1, help="Deployments in the table."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-        export_dir: str = typer.Option("", "--export", help="Write the winner's launch.sh and bench.sh (and the "
-                                       "engine's option files) into this folder."),
-        checkpoint: str = typer.Option("", "--checkpoint", help="What the engine loads: a Hugging Face id or a "
-                                       "path (needed by --export), e.g. meta-llama/Llama-3.1-70B-Instruct."),
-        allow_approximate: bool = typer.Option(False, "--allow-approximate", help="Exit 0 even when the engine "
-                                               "cannot express part of the plan (else 3, as meshplan export)."),
-    ) -> None:
-        """Find the serving deployment with the most throughput (or least cost, or latency) that meets the SLOs."""
-        from meshplan.errors import SpecError
 
-        if price < 0 or price != price:
-            raise SpecError("--price", price, "must be dollars per GPU-hour > 0")
-        export = None
-        if export_dir:
-            from meshplan.cli.common import output_path
+def serve_cmd(
+    model: str = typer.Option(..., "--model", help="Model: catalog name, model file or HF config.json."),
+    gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 8xh100-sxm (one GPU type)."),
+    cluster: str = typer.Option("", "--cluster", help="Cluster file (one pool of GPUs and its network)."),
+    engine: str = typer.Option("vllm", "--engine", help="Serving-engine profile (catalog/engines): vllm, "
+                               "sglang, trtllm, or a versioned one such as vllm-0.6.0."),
+    input_len: str = typer.Option(..., "--input-len", help="Prompt tokens per request: a number, bins "
+                                  "LENGTH:WEIGHT,..., a file of length,weight lines, or a dataset (sharegpt)."),
+    output_len: str = typer.Option(..., "--output-len", help="Generated tokens per request (same forms)."),
+    concurrency: int = typer.Option(0, "--concurrency", help="Closed loop: requests in flight."),
+    rate: float = typer.Option(0.0, "--rate", help="Open loop: Poisson arrivals per second. Neither: offline."),
+    ttft_ms: float = typer.Option(0.0, "--ttft-ms", help="Time-to-first-token target (ms; 0 = none)."),
+    tpot_ms: float = typer.Option(0.0, "--tpot-ms", help="Time-per-output-token target (ms; 0 = none)."),
+    percentile: str = typer.Option("p90", "--percentile", help="Percentile the SLOs bind: p50, p90, p99..."),
+    objective: str = typer.Option("throughput", "--objective", help="throughput (tokens/s per GPU), cost "
+                                  "(tokens per dollar) or latency (lowest end-to-end)."),
+    price: float = typer.Option(0.0, "--price", help="Dollars per GPU-hour (default: the catalog's)."),
+    precision: str = typer.Option("bf16", "--precision",
+                                  help="Weights: bf16, fp16, fp8, fp4 (Blackwell), int4 (AWQ/GPTQ)."),
+    kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache: bf16, fp16 or fp8."),
+    tp: int = typer.Option(0, "--tp", min=0, help="Pin TP per replica (0 = searched)."),
+    pp: int = typer.Option(0, "--pp", min=0, help="Pin pipeline stages per replica (0 = searched)."),
+    ep: int = typer.Option(0, "--ep", min=0, help="Pin expert parallelism (MoE; 0 = searched)."),
+    replicas: int = typer.Option(0, "--replicas", min=0, help="Pin data-parallel replicas (0 = searched)."),
+    max_num_seqs: int = typer.Option(0, "--max-num-seqs", min=0, help="Pin the engine's running-sequence cap "
+                                     "(0 = the profile's, and lower caps searched)."),
+    disagg: str = typer.Option("auto", "--disagg", help="auto (aggregated and disaggregated), off, or only."),
+    top: int = typer.Option(5, "--top", min=1, help="Deployments in the table."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    export_dir: str = typer.Option("", "--export", help="Write the winner's launch.sh and bench.sh (and the "
+                                   "engine's option files) into this folder."),
+    checkpoint: str = typer.Option("", "--checkpoint", help="What the engine loads: a Hugging Face id or a "
+                                   "path (needed by --export), e.g. meta-llama/Llama-3.1-70B-Instruct."),
+    allow_approximate: bool = typer.Option(False, "--allow-approximate", help="Exit 0 even when the engine "
+                                           "cannot express part of the plan (else 3, as meshplan export)."),
+) -> None:
+    """Find the serving deployment with the most throughput (or least cost, or latency) that meets the SLOs."""
+    from meshplan.errors import SpecError
 
-            if not checkpoint:
-                raise SpecError("--checkpoint", None, "is needed by --export: the Hugging Face id or path the engine "
-                                "loads, e.g. meta-llama/Llama-3.1-70B-Instruct")
-            folder = Path(export_dir)
-            if folder.exists() and not folder.is_dir():
-                raise SpecError("--export", export_dir, "is a file; give a folder (created if missing)")
-            if folder.is_dir():
-                output_path("--export", str(folder / "launch.sh"))
-            else:
-                output_path("--export", export_dir)
-            export = {"dir": export_dir, "checkpoint": checkpoint, "allow_approximate": allow_approximate}
-        req = build_request(
-            model_ref=model, gpus=gpus, cluster_file=cluster, engine=engine,
-            work=dict(input_len=input_len, output_len=output_len, concurrency=concurrency, rate=rate),
-            slo=dict(ttft_ms=ttft_ms, tpot_ms=tpot_ms, percentile=percentile),
-            layout=dict(precision=precision, kv_dtype=kv_dtype, tp=tp, pp=pp, ep=ep, replicas=replicas,
-                        max_num_seqs=max_num_seqs, disagg=disagg, objective=objective, price=price))
-        code = run_serve(req, top=top, as_json=as_json, export=export)
-        if code:
-            raise typer.Exit(code)
+    if price < 0 or price != price:
+        raise SpecError("--price", price, "must be dollars per GPU-hour > 0")
+    export = _export_option(export_dir, checkpoint, allow_approximate)
+    req = build_request(
+        model_ref=model, gpus=gpus, cluster_file=cluster, engine=engine,
+        work=dict(input_len=input_len, output_len=output_len, concurrency=concurrency, rate=rate),
+        slo=dict(ttft_ms=ttft_ms, tpot_ms=tpot_ms, percentile=percentile),
+        layout=dict(precision=precision, kv_dtype=kv_dtype, tp=tp, pp=pp, ep=ep, replicas=replicas,
+                    max_num_seqs=max_num_seqs, disagg=disagg, objective=objective, price=price))
+    code = run_serve(req, top=top, as_json=as_json, export=export)
+    if code:
+        raise typer.Exit(code)
+
+
+def _export_option(export_dir: str, checkpoint: str, allow_approximate: bool) -> dict | None:
+    """``--export``'s folder, checked writable before the search runs, with what the export needs."""
+    from meshplan.cli.common import output_path
+    from meshplan.errors import SpecError
+
+    if not export_dir:
+        return None
+    if not checkpoint:
+        raise SpecError("--checkpoint", None, "is needed by --export: the Hugging Face id or path the engine "
+                        "loads, e.g. meta-llama/Llama-3.1-70B-Instruct")
+    folder = Path(export_dir)
+    if folder.exists() and not folder.is_dir():
+        raise SpecError("--export", export_dir, "is a file; give a folder (created if missing)")
+    output_path("--export", str(folder / "launch.sh") if folder.is_dir() else export_dir)
+    return {"dir": export_dir, "checkpoint": checkpoint, "allow_approximate": allow_approximate}
