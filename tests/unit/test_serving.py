@@ -186,12 +186,12 @@ def test_device_memory_is_what_cuda_reports_where_measured():
 def test_engine_for_reads_family_and_version(text, name):
     prof, note = catalog.engine_for(text)
     assert prof.name == name and prof.name in note
-    assert not (prof.harness and not any(text.startswith(m) for m in prof.matches))
+    assert not (prof.harness and not any(text.lower().startswith(m.lower()) for m in prof.matches))
 
 
 def test_engine_for_unknown_family_names_the_families():
-    with pytest.raises(SpecError, match="vllm, sglang, trtllm"):
-        catalog.engine_for("LMDeploy 0.7")
+    with pytest.raises(SpecError, match="vllm, sglang, trtllm, tgi, lmdeploy"):
+        catalog.engine_for("DeepSpeed-MII 0.3")
 
 
 def test_trtllm_bench_sizes_its_engine_from_the_dataset():
@@ -297,8 +297,23 @@ def test_host_time_per_sequence_adds_to_every_step():
     assert decode_time(busy, batch=100, context=500) - decode_time(bare, batch=100, context=500) == pytest.approx(2e-3)
     gap = prefill_time(busy, tokens=300, prompts=4) - prefill_time(bare, tokens=300, prompts=4)
     assert gap == pytest.approx(4 * 2e-5)
-    other = step_context(model, pool, p, eng, {"seq_host_s": {"sglang": 2e-5}})
+    other = step_context(model, pool, p, eng, {"seq_host_s": {"vllm": 0.0, "sglang": 2e-5}})
     assert decode_time(other, batch=100, context=500) == decode_time(bare, batch=100, context=500)
+
+
+def test_an_engine_family_no_fitted_row_ran_takes_the_fitted_engines_median_host_times():
+    """TGI has no visible serving row: its host time per step and per sequence are the medians of the engines
+    fitted, where a fitted family keeps its own (and a profile with none of its own, its family's: 0 here); the
+    runtime's own decoder is timed by its training stack and takes none."""
+    consts = {"step_host_s": {"nim-1.8": 0.001, "trtllm-0.17": 0.002, "vllm-0.6.0": 0.002, "sglang-0.3.0": 0.0},
+              "seq_host_s": {"sglang": 6e-5, "trtllm": 1e-5, "vllm": 5e-6}}
+    model, pool = catalog.model("llama3.1-8b"), catalog.cluster("1xh100-sxm").pools[0]
+    tgi = step_context(model, pool, ServePlan(engine="tgi"), catalog.engine("tgi"), consts)
+    assert (tgi.step_host_s, tgi.seq_host_s) == (0.0015, 1e-5)
+    v1 = step_context(model, pool, ServePlan(), catalog.engine("vllm"), consts)
+    assert (v1.step_host_s, v1.seq_host_s) == (0.0, 5e-6)
+    own = step_context(model, pool, ServePlan(engine="meshplan"), catalog.engine("meshplan"), consts)
+    assert (own.step_host_s, own.seq_host_s) == (0.0, 0.0)
 
 
 def test_every_tp_all_reduce_pays_the_barrier_constant():

@@ -117,7 +117,7 @@ def engine_for(text: str) -> tuple[EngineProfile, str]:
     text = text.strip()
     profiles = [engine(n) for n in engine_names()]
     for prof in profiles:
-        if any(text.startswith(m) for m in prof.matches):
+        if any(text.lower().startswith(m.lower()) for m in prof.matches):
             return prof, f"{text}: {prof.name} (its source's setup)"
     low = text.lower()
     found = [(low.find(n), fam, n) for fam, names in FAMILY_NAMES.items() for n in names if n in low]

@@ -175,7 +175,7 @@ def serve_cmd(
     gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 8xh100-sxm (one GPU type)."),
     cluster: str = typer.Option("", "--cluster", help="Cluster file (one pool of GPUs and its network)."),
     engine: str = typer.Option("vllm", "--engine", help="Serving-engine profile (catalog/engines): vllm, "
-                               "sglang, trtllm, or a versioned one such as vllm-0.6.0."),
+                               "sglang, trtllm, tgi, lmdeploy, or a versioned one such as vllm-0.6.0."),
     input_len: str = typer.Option(..., "--input-len", help="Prompt tokens per request: a number, bins "
                                   "LENGTH:WEIGHT,..., a file of length,weight lines, or a dataset (sharegpt)."),
     output_len: str = typer.Option(..., "--output-len", help="Generated tokens per request (same forms)."),
@@ -211,7 +211,7 @@ def serve_cmd(
 
     if price < 0 or price != price:
         raise SpecError("--price", price, "must be dollars per GPU-hour > 0")
-    export = _export_option(export_dir, checkpoint, allow_approximate)
+    export = _export_option(export_dir, checkpoint, allow_approximate, engine)
     req = build_request(
         model_ref=model, gpus=gpus, cluster_file=cluster, engine=engine,
         work=dict(input_len=input_len, output_len=output_len, concurrency=concurrency, rate=rate),
@@ -223,13 +223,20 @@ def serve_cmd(
         raise typer.Exit(code)
 
 
-def _export_option(export_dir: str, checkpoint: str, allow_approximate: bool) -> dict | None:
-    """``--export``'s folder, checked writable before the search runs, with what the export needs."""
+def _export_option(export_dir: str, checkpoint: str, allow_approximate: bool, engine: str) -> dict | None:
+    """``--export``'s folder, checked writable and the engine exportable before the search runs, with what the
+    export needs."""
+    from meshplan import catalog
     from meshplan.cli.common import output_path
     from meshplan.errors import SpecError
+    from meshplan.export.serve import EXPORTERS
 
     if not export_dir:
         return None
+    family = catalog.engine(engine).engine
+    if family not in EXPORTERS:
+        raise SpecError("--export", export_dir, f"has no launch to write for {engine} (engine family {family}); "
+                        f"exports exist for {', '.join(EXPORTERS)}: drop --export or pick one of them")
     if not checkpoint:
         raise SpecError("--checkpoint", None, "is needed by --export: the Hugging Face id or path the engine "
                         "loads, e.g. meta-llama/Llama-3.1-70B-Instruct")

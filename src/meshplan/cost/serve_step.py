@@ -82,6 +82,14 @@ def per_generation(constants: dict, table: str, generation: str, engine: EngineP
     return statistics.median(t.values()) if t and not engine.kernel_stack else None
 
 
+def unseen_family(constants: dict, engine: EngineProfile) -> bool:
+    """Whether no row of the serving fit ran the engine's family (``seq_host_s`` is fitted per family): its host
+    times are then the median of the engines fitted (a TGI or LMDeploy server has Python or C++ step loops like
+    theirs, not none), as an unseen GPU generation takes the fitted generations' median (``per_generation``); the
+    runtime's own decoder, timed by its training stack (``kernel_stack``), is not such an engine."""
+    return not engine.kernel_stack and engine.engine not in constants.get("seq_host_s", {})
+
+
 def step_context(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EngineProfile, constants: dict) -> StepContext:
     """The context of a replica, with the kernel constants of its GPU and the engine's host time."""
     if plan.precision == "fp4" and pool.gpu.peak_flops("fp4") <= 0:
@@ -108,11 +116,14 @@ def step_context(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EnginePr
         calib = calib.with_(gemm_eff=gemm, fp8_eff=gemm)
     kv_eff = per_generation(constants, "decode_kv_eff", gen, engine) or 0.0
 
+    unseen = unseen_family(constants, engine)
+
     def per_engine(table: str) -> float:
         # A profile's own constant, else that of the profile it shares its code with, else its family's (vllm,
-        # sglang, trtllm), else none.
+        # sglang, trtllm), else, for a family no fitted row ran, the median of the engines fitted, else none.
         t = constants.get(table, {})
-        return t.get(engine.name, t.get(engine.host_of, t.get(engine.engine, 0.0)))
+        fallback = statistics.median(t.values()) if unseen and t else 0.0
+        return t.get(engine.name, t.get(engine.host_of, t.get(engine.engine, fallback)))
     return StepContext(model=model, pool=pool, plan=plan, engine=engine, calib=calib, kv_eff=kv_eff,
                        step_host_s=per_engine("step_host_s"), seq_host_s=per_engine("seq_host_s"),
                        allreduce_s=per_generation(constants, "allreduce_s", gen, engine) or 0.0,

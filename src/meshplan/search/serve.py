@@ -74,6 +74,14 @@ class ServeRequest:
             raise SpecError("objective", self.objective, f"must be one of {', '.join(OBJECTIVES)}")
         if self.disagg not in DISAGG:
             raise SpecError("disagg", self.disagg, f"must be one of {', '.join(DISAGG)}")
+        if self.engine.max_pp and self.pp > self.engine.max_pp:
+            raise SpecError("--pp", self.pp, f"{self.engine.name} runs at most {self.engine.max_pp} pipeline "
+                            "stage (it shards by tensor parallelism only); leave --pp unset, or use vllm, sglang "
+                            "or trtllm")
+        if self.disagg == "only" and not self.engine.disaggregation:
+            raise SpecError("--disagg", "only", f"{self.engine.name} serves prefill and decode in one engine (no "
+                            "disaggregated deployment); use --disagg off, or an engine Dynamo runs (vllm, sglang, "
+                            "trtllm)")
         if not self.cluster.homogeneous:
             raise SpecError("gpus", self.cluster.describe(), "serving plans one GPU type; give one pool, e.g. "
                             f"{self.cluster.pools[0].n_gpus}x{self.cluster.pools[0].gpu.name}")
@@ -176,10 +184,11 @@ def tp_options(model: ModelSpec, pool: Pool, pinned: int) -> list[int]:
     return [t for t in out if t == pinned] if pinned else out
 
 
-def pp_options(model: ModelSpec, n_gpus: int, tp: int, pinned: int) -> list[int]:
-    """Pipeline stages: powers of two up to the GPUs left by tp and the layer count."""
+def pp_options(model: ModelSpec, n_gpus: int, tp: int, pinned: int, most: int = 0) -> list[int]:
+    """Pipeline stages: powers of two up to the GPUs left by tp, the layer count and the engine's ``most``
+    (``EngineProfile.max_pp``, 0 = any)."""
     n_layers = sum(1 for _ in model.layers())
-    opts = [p for p in (1, 2, 4, 8, 16) if p * tp <= n_gpus and p <= n_layers]
+    opts = [p for p in (1, 2, 4, 8, 16) if p * tp <= n_gpus and p <= n_layers and (not most or p <= most)]
     return [p for p in opts if p == pinned] if pinned else opts
 
 
@@ -251,7 +260,7 @@ def aggregated(req: ServeRequest) -> tuple[list[ServeCandidate], list[tuple[str,
     """Every aggregated deployment: replicas of one tp x pp (x ep) layout, each at every engine cap."""
     out, bad = [], []
     for tp in tp_options(req.model, req.pool, req.tp):
-        for pp in pp_options(req.model, req.pool.n_gpus, tp, req.pp):
+        for pp in pp_options(req.model, req.pool.n_gpus, tp, req.pp, req.engine.max_pp):
             for ep in ep_options(req.model, tp, req.ep):
                 for engine in engine_options(req):
                     plan, ctx = _contexts(req, engine, tp=tp, pp=pp, ep=ep)
@@ -296,7 +305,7 @@ def disaggregated(req: ServeRequest) -> list[ServeCandidate]:
 def search(req: ServeRequest) -> ServeResult:
     """Evaluate every deployment the request allows and rank them."""
     cands, bad = ([], []) if req.disagg == "only" else aggregated(req)
-    if req.disagg != "off":
+    if req.disagg != "off" and req.engine.disaggregation:
         cands += disaggregated(req)
     # Equal scores (independent replicas under an offline load give the same tokens/s per GPU): more total
     # throughput first, then fewer GPUs.

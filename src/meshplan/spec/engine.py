@@ -12,6 +12,8 @@ from meshplan.errors import SpecError
 
 FAMILY_NAMES = {"vllm": ("vllm",), "sglang": ("sglang",),
                 "trtllm": ("tensorrt-llm", "tensorrt_llm", "tensorrt llm", "trt-llm", "trtllm"),
+                "tgi": ("text-generation-inference", "text generation inference", "tgi"),
+                "lmdeploy": ("lmdeploy", "turbomind"),
                 "meshplan": ("meshplan",)}
 """Engine families and the names sources print for them (lower case), for reading a row's ``framework`` text."""
 ENGINES = tuple(FAMILY_NAMES)
@@ -19,7 +21,7 @@ KV_FRACTION_OF = ("total", "free", "static")
 ADMISSIONS = ("lazy", "reserve")
 REPORTS = ("mean", "median")
 """Statistics a harness reports its latencies as (``EngineProfile.reports``)."""
-BUILD_SIZINGS = ("none", "trtllm-bench", "vllm-v0")
+BUILD_SIZINGS = ("none", "trtllm-bench", "vllm-v0", "tgi-v3", "lmdeploy")
 """Rules the engine or its benchmark tool sizes its caps by before it runs, from the workload or the model
 (``cost.serve_sizing.SIZINGS``)."""
 
@@ -31,7 +33,8 @@ class EngineProfile:
     name: str
     """Catalog name, e.g. ``vllm-0.6.0``."""
     engine: str
-    """Engine family: ``vllm``, ``sglang``, ``trtllm`` (NIM and MLPerf harnesses run TensorRT-LLM) or ``meshplan``
+    """Engine family: ``vllm``, ``sglang``, ``trtllm`` (NIM and MLPerf harnesses run TensorRT-LLM), ``tgi``,
+    ``lmdeploy`` or ``meshplan``
     (the runtime's own decode loop, ``runtime.decode``)."""
     version: str
     """The release the facts are read from."""
@@ -96,6 +99,11 @@ class EngineProfile:
     PyTorch backend), so a step takes the longer of its kernels and its host work, not their sum."""
     overlap_max_pp: int = 0
     """Largest pipeline degree the overlap scheduler runs with (SGLang turns it off beyond 1); 0 = any."""
+    max_pp: int = 0
+    """Largest pipeline degree the engine runs (TGI and LMDeploy shard by tensor parallelism only: 1); 0 = any."""
+    disaggregation: bool = True
+    """The engine runs prefill and decode on separate pools with a KV transfer between them (Dynamo's vLLM, SGLang
+    and TensorRT-LLM backends); False: only aggregated deployments are planned for it."""
     multi_step: int = 1
     """Decode steps scheduled per host round (vLLM ``--num-scheduler-steps``); streamed chunks carry that many
     tokens, so ITL is that many steps."""
@@ -118,7 +126,7 @@ class EngineProfile:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SpecError(f"engine.{name}", v, "must be an integer >= 1")
         if (self.cuda_graph_max_batch < 0 or self.custom_allreduce_bytes < 0 or self.runtime_reserve_gib < 0
-                or self.overlap_max_pp < 0):
+                or self.overlap_max_pp < 0 or self.max_pp < 0):
             raise SpecError(f"engine {self.name}", "negative size", "sizes must be >= 0")
 
     def overlaps_host(self, pp: int) -> bool:

@@ -1,0 +1,78 @@
+"""Engines no visible serving row runs (TGI, LMDeploy): their profiles are read from their code, a row naming them
+is predicted instead of skipped, their launch-time sizing rules reproduce the tools' own arithmetic, and the
+search stays inside what they can run (no pipeline stages, no disaggregation)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan import catalog
+from meshplan.calibrate.serve_constants import load_constants
+from meshplan.calibrate.serve_validate import validate_serving_csv
+from meshplan.cost.serve_sizing import sized_engine
+from meshplan.errors import SpecError
+from meshplan.search.serve import ServeRequest, Slo, pp_options, search
+from meshplan.spec.serving import ServePlan, Workload
+
+WORK = Workload(input_len=1000, output_len=1000, concurrency=16)
+
+
+@pytest.mark.parametrize("text, name", [
+    ("TGI 3.0.1", "tgi"), ("text-generation-inference 2.4.0", "tgi-2"), ("Text Generation Inference", "tgi"),
+    ("LMDeploy 0.6.0", "lmdeploy"), ("lmdeploy (TurboMind)", "lmdeploy"),
+    ("NIM 1.3.0", "nim-1.8"), ("nvidia nim 1.8", "nim-1.8"),  # a NIM by prefix, whatever its case
+])
+def test_engine_for_reads_the_new_families(text, name):
+    assert catalog.engine_for(text)[0].name == name
+
+
+def test_tgi_sizes_its_prefill_budget_as_its_launcher_does():
+    """tgi@v3.3.7 compute_optimal: the card's f16 FLOPs x shards // the model's FLOPs per token, by hand for
+    Llama-3.1-8B (32 layers of 2 x (3 x 32 + 2 x 8) x 128 x 4096 attention + 6 x 4096 x 14336 MLP FLOPs), capped
+    by the positions; a card TGI's table lacks (B200) gets 4096."""
+    model = catalog.model("llama3.1-8b")
+    per_token = (2 * (3 * 32 + 2 * 8) * 128 * 4096 + 6 * 4096 * 14336) * 32
+    for gpu, flops, tp in (("h100-sxm", 900e12, 1), ("h100-sxm", 900e12, 2), ("l4", 121e12, 1)):
+        pool = catalog.cluster(f"{tp}x{gpu}").pools[0]
+        e = sized_engine(catalog.engine("tgi"), model, ServePlan(tp=tp, engine="tgi"), pool, WORK)
+        want = min(int(flops * tp // per_token), model.max_seq_len)
+        assert e.max_batched_tokens == e.activation_tokens == want
+    b200 = catalog.cluster("1xb200").pools[0]
+    assert sized_engine(catalog.engine("tgi"), model, ServePlan(engine="tgi"), b200, WORK).max_batched_tokens == 4096
+
+
+def test_lmdeploy_sizes_its_batch_by_card():
+    """lmdeploy@v0.16.0 get_max_batch_size: 1024 on H100/H200 (GH200 reads as H200), 384 on A100, else 128; the
+    TurboMind forward budget is max_prefill_token_num (8192) plus that batch."""
+    model = catalog.model("llama3.1-8b")
+    for gpu, batch in (("h100-sxm", 1024), ("gh200", 1024), ("a100-80gb", 384), ("l40s", 128), ("b200", 128)):
+        pool = catalog.cluster(f"1x{gpu}").pools[0]
+        e = sized_engine(catalog.engine("lmdeploy"), model, ServePlan(engine="lmdeploy"), pool, WORK)
+        assert (e.max_num_seqs, e.max_batched_tokens) == (batch, 8192 + batch)
+
+
+def test_a_tgi_row_is_predicted_not_skipped(tmp_path):
+    """A serving CSV row of an engine no visible row runs gets a prediction from its profile."""
+    head = ("id,source,url_or_repo_path,model,model_key,gpu,gpu_key,n_gpus,tp,pp,dp,ep,precision,framework,"
+            "input_len,output_len,concurrency,batch,metric,value,unit,notes")
+    rows = ["t1,x,,Llama-3.1-8B,llama3.1-8b,H100,h100-sxm,1,1,1,1,1,bf16,TGI 3.0.1,1000,1000,16,,itl_ms,10,ms,",
+            "t2,x,,Llama-3.1-8B,llama3.1-8b,H100,h100-sxm,1,1,1,1,1,bf16,LMDeploy 0.7.0,1000,1000,16,,itl_ms,10,ms,"]
+    path = tmp_path / "rows.csv"
+    path.write_text("\n".join([head, *rows]) + "\n")
+    report = validate_serving_csv(path, load_constants())
+    assert [r.engine for r in report.rows] == ["tgi", "lmdeploy"] and not report.skipped
+    assert all(5.0 < r.predicted < 20.0 for r in report.rows)  # an 8B decode step on one H100: a few ms to ~15
+
+
+def test_the_search_stays_inside_what_tgi_runs():
+    """TGI shards by TP only and serves prefill and decode in one engine: no pipeline stage, no disaggregated
+    candidate, and pinning either is a one-line error."""
+    assert pp_options(catalog.model("llama3.1-70b"), 8, 2, 0, most=1) == [1]
+    base = dict(model=catalog.model("llama3.1-70b"), cluster=catalog.cluster("8xh100-sxm"),
+                engine=catalog.engine("tgi"), work=WORK, slo=Slo(), constants=load_constants())
+    result = search(ServeRequest(**base))
+    assert result.candidates and all(c.plan.pp == 1 and not c.disaggregated for c in result.candidates)
+    with pytest.raises(SpecError, match="--pp"):
+        ServeRequest(**base, pp=2)
+    with pytest.raises(SpecError, match="--disagg"):
+        ServeRequest(**base, disagg="only")
