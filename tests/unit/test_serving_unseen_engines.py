@@ -76,3 +76,16 @@ def test_the_search_stays_inside_what_tgi_runs():
         ServeRequest(**base, pp=2)
     with pytest.raises(SpecError, match="--disagg"):
         ServeRequest(**base, disagg="only")
+
+
+def test_export_of_an_engine_without_an_exporter_is_refused_before_the_search(tmp_path):
+    """The runtime's own decoder has no launch to write: one line naming the exporters, exit 2, nothing written."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "serve"
+    args = ["serve", "--model", "llama3.1-8b", "--gpus", "1xh100-sxm", "--engine", "meshplan", "--input-len", "100",
+            "--output-len", "100", "--export", str(out), "--checkpoint", "x"]
+    got = subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 2 and not out.exists()
+    assert got.stderr.count("\n") == 1 and "vllm, sglang, trtllm, tgi, lmdeploy" in got.stderr

@@ -2,10 +2,11 @@
 the load it was planned for.
 
 One exporter per engine family, in one registry (``EXPORTERS``): vLLM (``serve_vllm``), SGLang (``serve_sglang``),
-TensorRT-LLM (``serve_trtllm``). Each writes ``launch.sh`` (one command per replica, or the engine's own
-data-parallel flag; prefill and decode servers and their router when disaggregated), the option files its engine
-reads (TensorRT-LLM's ``extra_llm_api_options.yaml``) and ``bench.sh``, using the flag spelling of the profile's
-release. What the release cannot express is listed in ``ServeExport.approximations`` (and in each file's header);
+TensorRT-LLM (``serve_trtllm``), Hugging Face TGI (``serve_tgi``), LMDeploy (``serve_lmdeploy``). Each writes
+``launch.sh`` (one command per replica, or the engine's own data-parallel flag; prefill and decode servers and
+their router when disaggregated), the option files its engine reads (TensorRT-LLM's ``extra_llm_api_options.yaml``)
+and ``bench.sh``, using the flag spelling of the profile's release. What the release cannot express is listed in
+``ServeExport.approximations`` (and in each file's header);
 a plan it cannot start at all raises ``ExportError``.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshplan.export import serve_sglang, serve_trtllm, serve_vllm
+from meshplan.export import serve_lmdeploy, serve_sglang, serve_tgi, serve_trtllm, serve_vllm
 from meshplan.export.base import ExportError
 from meshplan.export.serve_common import ServeJob, make_job
 from meshplan.spec.engine import EngineProfile
@@ -25,6 +26,8 @@ EXPORTERS: dict[str, Callable[[ServeJob], tuple[dict[str, str], list[str]]]] = {
     "vllm": serve_vllm.export,
     "sglang": serve_sglang.export,
     "trtllm": serve_trtllm.export,
+    "tgi": serve_tgi.export,
+    "lmdeploy": serve_lmdeploy.export,
 }
 """Engine family -> exporter; adding an engine is a module and a line here."""
 

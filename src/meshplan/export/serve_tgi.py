@@ -1,0 +1,152 @@
+"""Hugging Face TGI export: one ``text-generation-launcher`` per replica (TGI has no data parallelism of its own),
+and the ``vllm bench serve`` run of the planned load against its OpenAI-compatible ``/v1/completions``.
+
+Mapping (profile -> flag, tgi@v3.3.7 and v2.4.1 launcher/src/main.rs): tp -> --num-shard, max_num_seqs ->
+--max-concurrent-requests (the router's cap: TGI has no running-sequence cap, its batch is what the KV blocks
+admit), max_batched_tokens -> --max-batch-prefill-tokens, cuda_graph_max_batch/step -> --cuda-graphs (0 -> "0"),
+kv_memory_fraction -> --cuda-memory-fraction (the profile's fraction is CUDA_MEMORY_FRACTION x the 0.90
+TGI_WIGGLE_ROOM), fp8 KV -> --kv-cache-dtype fp8_e4m3fn. Shards of replicas sharing a node get their own socket
+path and NCCL port (--shard-uds-path, --master-port).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.export.base import ExportError
+from meshplan.export.serve_bench import VLLM_CLIENT, bench_file, vllm_bench
+from meshplan.export.serve_common import (
+    Launch,
+    ServeJob,
+    changed_settings,
+    checkpoint_notes,
+    context_len,
+    header,
+    pick_release,
+    placements,
+    port_span,
+    replica_nodes,
+    script,
+    visible_devices,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TgiRelease:
+    """What one TGI release's launcher does with the flags meshplan writes."""
+
+    chunking: bool
+    """Prefill chunking on by default (PREFILL_CHUNKING), so a prompt may exceed --max-batch-prefill-tokens."""
+
+
+RELEASES = {"2.4.1": TgiRelease(chunking=False), "3.3.7": TgiRelease(chunking=True)}
+"""tgi@v2.4.1 and @v3.3.7: PREFILL_CHUNKING default '0' then '1' (#2797); backends/v3/src/main.rs refuses
+max_input_tokens > max_batch_prefill_tokens without chunking."""
+
+PORT = 8080
+"""The port the benchmark reaches (the launcher's default --port is 3000; meshplan writes 8080 and up)."""
+MASTER_PORT = 29500
+"""--master-port default: the shards' torch.distributed rendezvous, one per replica on a node."""
+WIGGLE_ROOM = 0.90
+"""TGI_WIGGLE_ROOM default (server/text_generation_server/models/globals.py, v3.3.7): the profile's KV fraction is
+--cuda-memory-fraction times it."""
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "fp4": "bfloat16", "int4": "float16"}
+_QUANTIZE = {"fp8": "fp8", "int4": "awq"}
+
+
+def export(job: ServeJob) -> tuple[dict[str, str], list[str]]:
+    """The files of a TGI export and what TGI cannot express."""
+    version, rel, notes = pick_release(job.engine, RELEASES)
+    _check(job, rel)
+    target = f"Hugging Face TGI {version} (text-generation-launcher)"
+    approx = notes + _approximations(job)
+    launches, comments = _launches(job)
+    head = header(job=job, target=target, what="serving launch", approximations=approx)
+    files = {"launch.sh": script(header=head, launches=launches, notes=comments)}
+    client = vllm_bench(job, backend="openai", port=PORT)
+    files["bench.sh"] = bench_file(job, client=client, target=f"{VLLM_CLIENT} against {target}",
+                                   notes=[f"endpoint: http://127.0.0.1:{PORT}/v1/completions"])
+    return files, approx
+
+
+def _check(job: ServeJob, rel: TgiRelease) -> None:
+    """Refusals: layouts TGI cannot start."""
+    p = job.plan
+    if job.disaggregated:
+        raise ExportError("TGI serves prefill and decode in one set of shards: it has no disaggregated deployment")
+    if p.pp > 1:
+        raise ExportError(f"pp={p.pp}: TGI shards by tensor parallelism only (--num-shard); it has no pipeline "
+                          "stages")
+    if p.precision == "fp4":
+        raise ExportError("fp4 weights: TGI's --quantize has no NVFP4 (awq, gptq, marlin, fp8, bitsandbytes...)")
+    if replica_nodes(job.pools[0]) > 1:
+        raise ExportError(f"tp={p.tp} spans nodes: TGI's shards run on one machine (one launcher per node)")
+    longest_prompt = max(n for n, _ in job.work.bins("input"))
+    if not rel.chunking and job.engine.max_batched_tokens < longest_prompt:
+        raise ExportError(f"max_batched_tokens={job.engine.max_batched_tokens} < the {longest_prompt}-token prompt: "
+                          "TGI without prefill chunking refuses max_input_tokens > max_batch_prefill_tokens")
+
+
+def _approximations(job: ServeJob) -> list[str]:
+    """What TGI cannot be told."""
+    e, p, out = job.engine, job.plan, []
+    changed = changed_settings(e)
+    if e.admission == "lazy":
+        out.append("admission 'lazy': TGI's router reserves blocks for the prompt and max_new_tokens at admission")
+    if e.block_size not in (1, 16, 256):
+        out.append(f"block_size={e.block_size}: TGI's page size follows its attention backend (flashinfer 1, paged "
+                   "16, flashdecoding 256)")
+    if e.cuda_graph_step != 8 and "cuda_graph_step" in changed:
+        out.append(f"CUDA graphs in steps of {e.cuda_graph_step}: written as the sizes the profile pads to")
+    if p.ep > 1:
+        out.append(f"ep={p.ep}: TGI shards the experts by tensor parallelism over tp={p.tp}")
+    if p.kv_dtype == "fp16" and p.precision == "bf16":
+        out.append("KV cache in fp16 with bf16 weights: TGI keeps the KV cache in the model dtype unless fp8")
+    return out + checkpoint_notes(p.precision)
+
+
+def engine_args(job: ServeJob, replica: int) -> list[str]:
+    """The launcher options of one replica (parallelism, precision, memory, batching; its own socket and port)."""
+    e, p, max_len = job.engine, job.plan, context_len(job)
+    args = ["--num-shard", str(p.tp), "--dtype", _DTYPE[p.precision]]
+    if p.precision in _QUANTIZE:
+        args += ["--quantize", _QUANTIZE[p.precision]]
+    if p.kv_dtype == "fp8":
+        args += ["--kv-cache-dtype", "fp8_e4m3fn"]
+    longest_prompt = max(n for n, _ in job.work.bins("input"))
+    args += ["--max-input-tokens", str(min(longest_prompt, max_len - 1)), "--max-total-tokens", str(max_len),
+             "--max-batch-prefill-tokens", str(e.max_batched_tokens),
+             "--max-concurrent-requests", str(e.max_num_seqs)]
+    if "kv_memory_fraction" in changed_settings(e):
+        args += ["--cuda-memory-fraction", f"{min(e.kv_memory_fraction / WIGGLE_ROOM, 1.0):.4g}"]
+    args += ["--cuda-graphs", _graphs(e.cuda_graph_max_batch, e.cuda_graph_step)]
+    if replica:
+        args += ["--shard-uds-path", f"/tmp/text-generation-server-{replica}",
+                 "--master-port", str(MASTER_PORT + replica)]
+    return args
+
+
+def _graphs(max_batch: int, step: int) -> str:
+    """--cuda-graphs: the captured sizes the profile pads a decode batch to (1, 2, 4, then multiples of the step,
+    TGI's default 1,2,4,8,16,32 written out), "0" for none."""
+    if max_batch == 0:
+        return "0"
+    if step == 8 and max_batch == 32:
+        return "1,2,4,8,16,32"  # TGI's own default list
+    sizes = sorted({s for s in (1, 2, 4) if s <= max_batch} | set(range(step, max_batch + 1, step)) | {max_batch})
+    return ",".join(str(s) for s in sizes)
+
+
+def _launches(job: ServeJob) -> tuple[list[Launch], list[str]]:
+    """One launcher per replica on its GPUs; a load balancer in front when there are several."""
+    pool = job.pools[0]
+    ports = [PORT] if pool.replicas == 1 else [PORT + 1 + i for i in range(pool.replicas)]
+    launches = []
+    for i, ((node, gpus), port) in enumerate(zip(placements(job)["serve"], ports)):
+        argv = ["text-generation-launcher", "--model-id", job.model_ref, "--port", str(port), *engine_args(job, i)]
+        launches.append(Launch(role=f"replica {i}", argv=tuple(argv), env=(visible_devices(gpus),), node=node))
+    notes = []
+    if pool.replicas > 1:
+        notes.append(f"{pool.replicas} replicas on ports {port_span(ports[0], len(ports))}: put a round-robin load "
+                     f"balancer on port {PORT} in front of them (TGI has no data parallelism of its own)")
+    return launches, notes
