@@ -90,7 +90,8 @@ def test_every_command_parses_and_carries_the_plan(name):
         ns = _parsed(engine, argv)
         assert len(env["CUDA_VISIBLE_DEVICES"].split(",")) == plan.tp
         if engine.startswith("tgi"):
-            assert (ns.model_id, ns.num_shard, ns.max_concurrent_requests) == (REF, plan.tp, prof.max_num_seqs)
+            # the router refuses requests beyond --max-concurrent-requests: raised to the benchmark's 640
+            assert (ns.model_id, ns.num_shard, ns.max_concurrent_requests) == (REF, plan.tp, 640)
             assert ns.cuda_graphs == [1, 2, 4, 8, 16, 32] and ns.max_total_tokens == 2048  # 1280, rounded to 1024s
             assert (ns.kv_cache_dtype == "fp8_e4m3fn") is (plan.kv_dtype == "fp8")
             # replicas on one node: their own shard socket and NCCL rendezvous
@@ -131,6 +132,20 @@ def test_what_the_engines_cannot_start_is_refused():
     with pytest.raises(ExportError, match="max_batch_prefill_tokens"):
         export_serving(model=catalog.model("llama3.1-70b"), model_ref=REF, plan=ServePlan(tp=8, engine="tgi-2"),
                        engine=catalog.engine("tgi-2"), work=Workload(input_len=6000, output_len=100))
+
+
+def test_a_lowered_running_cap_is_max_batch_size_on_tgi_2_and_said_on_tgi_3():
+    """The search's lower caps: TGI 2's router honours --max-batch-size; TGI 3 ignores it under prefill chunking
+    (backends/v3/src/backend.rs), so its export says so."""
+    from dataclasses import replace
+
+    for engine, flag in (("tgi-2", True), ("tgi", False)):
+        e = replace(catalog.engine(engine), max_num_seqs=32)
+        done = export_serving(model=catalog.model("llama3.1-70b"), model_ref=REF, plan=ServePlan(tp=8, engine=engine),
+                              engine=e, work=W)
+        [(_, argv)] = _servers(done.files["launch.sh"], "text-generation-launcher")
+        assert (_parsed(engine, argv).max_batch_size == 32) is flag
+        assert any("--max-batch-size" in a for a in done.approximations) is not flag
 
 
 def test_lmdeploy_says_what_turbomind_cannot_do():

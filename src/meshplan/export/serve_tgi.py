@@ -1,12 +1,13 @@
 """Hugging Face TGI export: one ``text-generation-launcher`` per replica (TGI has no data parallelism of its own),
 and the ``vllm bench serve`` run of the planned load against its OpenAI-compatible ``/v1/completions``.
 
-Mapping (profile -> flag, tgi@v3.3.7 and v2.4.1 launcher/src/main.rs): tp -> --num-shard, max_num_seqs ->
---max-concurrent-requests (the router's cap: TGI has no running-sequence cap, its batch is what the KV blocks
-admit), max_batched_tokens -> --max-batch-prefill-tokens, cuda_graph_max_batch/step -> --cuda-graphs (0 -> "0"),
+Mapping (profile -> flag, tgi@v3.3.7 and v2.4.1 launcher/src/main.rs): tp -> --num-shard, a lowered
+max_num_seqs -> --max-batch-size (TGI 2; TGI 3 ignores it under prefill chunking), max_batched_tokens ->
+--max-batch-prefill-tokens, cuda_graph_max_batch/step -> --cuda-graphs (0 -> "0"),
 kv_memory_fraction -> --cuda-memory-fraction (the profile's fraction is CUDA_MEMORY_FRACTION x the 0.90
-TGI_WIGGLE_ROOM), fp8 KV -> --kv-cache-dtype fp8_e4m3fn. Shards of replicas sharing a node get their own socket
-path and NCCL port (--shard-uds-path, --master-port).
+TGI_WIGGLE_ROOM), fp8 KV -> --kv-cache-dtype fp8_e4m3fn. --max-concurrent-requests (128 by default; the router
+refuses requests beyond it with 429) is raised to the benchmark's requests. Shards of replicas sharing a node get
+their own socket path and NCCL port (--shard-uds-path, --master-port).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from meshplan.export.serve_common import (
     checkpoint_notes,
     context_len,
     header,
+    num_prompts,
     pick_release,
     placements,
     port_span,
@@ -36,7 +38,8 @@ class TgiRelease:
     """What one TGI release's launcher does with the flags meshplan writes."""
 
     chunking: bool
-    """Prefill chunking on by default (PREFILL_CHUNKING), so a prompt may exceed --max-batch-prefill-tokens."""
+    """Prefill chunking on by default (PREFILL_CHUNKING), so a prompt may exceed --max-batch-prefill-tokens and the
+    router ignores --max-batch-size (backends/v3/src/backend.rs: max_size None under chunking)."""
 
 
 RELEASES = {"2.4.1": TgiRelease(chunking=False), "3.3.7": TgiRelease(chunking=True)}
@@ -45,6 +48,8 @@ max_input_tokens > max_batch_prefill_tokens without chunking."""
 
 PORT = 8080
 """The port the benchmark reaches (the launcher's default --port is 3000; meshplan writes 8080 and up)."""
+ROUTER_CAP = 128
+"""--max-concurrent-requests default: requests in flight beyond it are refused with 429 (router/src/infer/mod.rs)."""
 MASTER_PORT = 29500
 """--master-port default: the shards' torch.distributed rendezvous, one per replica on a node."""
 WIGGLE_ROOM = 0.90
@@ -59,8 +64,8 @@ def export(job: ServeJob) -> tuple[dict[str, str], list[str]]:
     version, rel, notes = pick_release(job.engine, RELEASES)
     _check(job, rel)
     target = f"Hugging Face TGI {version} (text-generation-launcher)"
-    approx = notes + _approximations(job)
-    launches, comments = _launches(job)
+    approx = notes + _approximations(job, rel)
+    launches, comments = _launches(job, rel)
     head = header(job=job, target=target, what="serving launch", approximations=approx)
     files = {"launch.sh": script(header=head, launches=launches, notes=comments)}
     client = vllm_bench(job, backend="openai", port=PORT)
@@ -87,10 +92,13 @@ def _check(job: ServeJob, rel: TgiRelease) -> None:
                           "TGI without prefill chunking refuses max_input_tokens > max_batch_prefill_tokens")
 
 
-def _approximations(job: ServeJob) -> list[str]:
+def _approximations(job: ServeJob, rel: TgiRelease) -> list[str]:
     """What TGI cannot be told."""
     e, p, out = job.engine, job.plan, []
     changed = changed_settings(e)
+    if rel.chunking and _capped(e):
+        out.append(f"max_num_seqs={e.max_num_seqs}: TGI 3 batches what the KV blocks admit; its router ignores "
+                   "--max-batch-size under prefill chunking")
     if e.admission == "lazy":
         out.append("admission 'lazy': TGI's router reserves blocks for the prompt and max_new_tokens at admission")
     if e.block_size not in (1, 16, 256):
@@ -105,7 +113,14 @@ def _approximations(job: ServeJob) -> list[str]:
     return out + checkpoint_notes(p.precision)
 
 
-def engine_args(job: ServeJob, replica: int) -> list[str]:
+def _capped(engine) -> bool:
+    """Whether the running-sequence cap is below the profile's stand-in for none (the search's lower caps)."""
+    from meshplan import catalog
+
+    return engine.max_num_seqs < catalog.engine(engine.name).max_num_seqs
+
+
+def engine_args(job: ServeJob, replica: int, rel: TgiRelease) -> list[str]:
     """The launcher options of one replica (parallelism, precision, memory, batching; its own socket and port)."""
     e, p, max_len = job.engine, job.plan, context_len(job)
     args = ["--num-shard", str(p.tp), "--dtype", _DTYPE[p.precision]]
@@ -116,7 +131,9 @@ def engine_args(job: ServeJob, replica: int) -> list[str]:
     longest_prompt = max(n for n, _ in job.work.bins("input"))
     args += ["--max-input-tokens", str(min(longest_prompt, max_len - 1)), "--max-total-tokens", str(max_len),
              "--max-batch-prefill-tokens", str(e.max_batched_tokens),
-             "--max-concurrent-requests", str(e.max_num_seqs)]
+             "--max-concurrent-requests", str(max(ROUTER_CAP, num_prompts(job.work)))]
+    if _capped(e) and not rel.chunking:
+        args += ["--max-batch-size", str(e.max_num_seqs)]
     if "kv_memory_fraction" in changed_settings(e):
         args += ["--cuda-memory-fraction", f"{min(e.kv_memory_fraction / WIGGLE_ROOM, 1.0):.4g}"]
     args += ["--cuda-graphs", _graphs(e.cuda_graph_max_batch, e.cuda_graph_step)]
@@ -137,13 +154,13 @@ def _graphs(max_batch: int, step: int) -> str:
     return ",".join(str(s) for s in sizes)
 
 
-def _launches(job: ServeJob) -> tuple[list[Launch], list[str]]:
+def _launches(job: ServeJob, rel: TgiRelease) -> tuple[list[Launch], list[str]]:
     """One launcher per replica on its GPUs; a load balancer in front when there are several."""
     pool = job.pools[0]
     ports = [PORT] if pool.replicas == 1 else [PORT + 1 + i for i in range(pool.replicas)]
     launches = []
     for i, ((node, gpus), port) in enumerate(zip(placements(job)["serve"], ports)):
-        argv = ["text-generation-launcher", "--model-id", job.model_ref, "--port", str(port), *engine_args(job, i)]
+        argv = ["text-generation-launcher", "--model-id", job.model_ref, "--port", str(port), *engine_args(job, i, rel)]
         launches.append(Launch(role=f"replica {i}", argv=tuple(argv), env=(visible_devices(gpus),), node=node))
     notes = []
     if pool.replicas > 1:

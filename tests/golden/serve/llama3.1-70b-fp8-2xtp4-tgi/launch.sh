@@ -19,7 +19,7 @@ CUDA_VISIBLE_DEVICES=0,1,2,3 text-generation-launcher \
     --max-input-tokens 1024 \
     --max-total-tokens 2048 \
     --max-batch-prefill-tokens 4096 \
-    --max-concurrent-requests 128 \
+    --max-concurrent-requests 640 \
     --cuda-graphs 1,2,4,8,16,32 &
 
 # replica 1
@@ -33,7 +33,7 @@ CUDA_VISIBLE_DEVICES=4,5,6,7 text-generation-launcher \
     --max-input-tokens 1024 \
     --max-total-tokens 2048 \
     --max-batch-prefill-tokens 4096 \
-    --max-concurrent-requests 128 \
+    --max-concurrent-requests 640 \
     --cuda-graphs 1,2,4,8,16,32 \
     --shard-uds-path /tmp/text-generation-server-1 \
     --master-port 29501 &
