@@ -173,6 +173,8 @@ def test_device_memory_is_what_cuda_reports_where_measured():
     ("vLLM 0.6.0 (multi-step=10)", "vllm-0.6.0"),          # the SGLang benchmark's own launch flags
     ("NVIDIA NIM 1.12.0", "nim-1.8"),                      # NIM's harness by prefix
     ("vLLM 0.8.5", "vllm"),                                # V1, the default since 0.8.0
+    ("vLLM 0.8", "vllm"),                                  # "0.8" is the 0.8.0 release
+    ("TGI 3.0", "tgi"),
     ("vLLM 0.6.0", "vllm-0.6"),                            # V0 release defaults, not the benchmark's flags
     ("vLLM 0.5.3", "vllm-0.6"),                            # older than every profile: the oldest
     ("vLLM 0.6.6.post1", "vllm-0.7"),                      # V0 with the 2048-token chunked budget
@@ -191,7 +193,7 @@ def test_engine_for_reads_family_and_version(text, name):
 
 def test_engine_for_unknown_family_names_the_families():
     with pytest.raises(SpecError, match="vllm, sglang, trtllm, tgi, lmdeploy"):
-        catalog.engine_for("DeepSpeed-MII 0.3")
+        catalog.engine_for("llama.cpp b4000")
 
 
 def test_trtllm_bench_sizes_its_engine_from_the_dataset():

@@ -1,6 +1,6 @@
-"""Engines no visible serving row runs (TGI, LMDeploy): their profiles are read from their code, a row naming them
-is predicted instead of skipped, their launch-time sizing rules reproduce the tools' own arithmetic, and the
-search stays inside what they can run (no pipeline stages, no disaggregation)."""
+"""Engines no visible serving row runs (TGI, LMDeploy, DeepSpeed-FastGen): their profiles are read from their code,
+a row naming them is predicted instead of skipped, their launch-time sizing rules reproduce the tools' own
+arithmetic, and the search stays inside what they can run (no pipeline stages, no disaggregation)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ WORK = Workload(input_len=1000, output_len=1000, concurrency=16)
 @pytest.mark.parametrize("text, name", [
     ("TGI 3.0.1", "tgi"), ("text-generation-inference 2.4.0", "tgi-2"), ("Text Generation Inference", "tgi"),
     ("LMDeploy 0.6.0", "lmdeploy"), ("lmdeploy (TurboMind)", "lmdeploy"),
+    ("DeepSpeed-FastGen", "fastgen"), ("DeepSpeed-MII 0.2.3", "fastgen"),
     ("NIM 1.3.0", "nim-1.8"), ("nvidia nim 1.8", "nim-1.8"),  # a NIM by prefix, whatever its case
 ])
 def test_engine_for_reads_the_new_families(text, name):
@@ -56,11 +57,12 @@ def test_a_tgi_row_is_predicted_not_skipped(tmp_path):
     head = ("id,source,url_or_repo_path,model,model_key,gpu,gpu_key,n_gpus,tp,pp,dp,ep,precision,framework,"
             "input_len,output_len,concurrency,batch,metric,value,unit,notes")
     rows = ["t1,x,,Llama-3.1-8B,llama3.1-8b,H100,h100-sxm,1,1,1,1,1,bf16,TGI 3.0.1,1000,1000,16,,itl_ms,10,ms,",
-            "t2,x,,Llama-3.1-8B,llama3.1-8b,H100,h100-sxm,1,1,1,1,1,bf16,LMDeploy 0.7.0,1000,1000,16,,itl_ms,10,ms,"]
+            "t2,x,,Llama-3.1-8B,llama3.1-8b,H100,h100-sxm,1,1,1,1,1,bf16,LMDeploy 0.7.0,1000,1000,16,,itl_ms,10,ms,",
+            "t3,x,,Llama-3.1-8B,llama3.1-8b,H100,h100-sxm,1,1,1,1,1,bf16,DeepSpeed-FastGen,1000,1000,16,,itl_ms,10,ms,"]
     path = tmp_path / "rows.csv"
     path.write_text("\n".join([head, *rows]) + "\n")
     report = validate_serving_csv(path, load_constants())
-    assert [r.engine for r in report.rows] == ["tgi", "lmdeploy"] and not report.skipped
+    assert [r.engine for r in report.rows] == ["tgi", "lmdeploy", "fastgen"] and not report.skipped
     assert all(5.0 < r.predicted < 20.0 for r in report.rows)  # an 8B decode step on one H100: a few ms to ~15
 
 

@@ -141,8 +141,13 @@ def _nearest_release(releases: list[EngineProfile], wanted: tuple[int, ...]) -> 
     engine flow); else, older than every profile, the oldest."""
     if not wanted:
         return releases[-1]
-    below = [p for p in releases if p.since_key <= wanted]
+    below = [p for p in releases if _padded(p.since_key) <= _padded(wanted)]
     return max(below, key=lambda p: (p.since_key, p.version_key)) if below else releases[0]
+
+
+def _padded(version: tuple[int, ...]) -> tuple[int, ...]:
+    """A release number to four places, so that "3.0" compares as the 3.0.0 release it names."""
+    return version + (0,) * (4 - len(version))
 
 
 def dataset_names() -> list[str]:

@@ -14,6 +14,7 @@ FAMILY_NAMES = {"vllm": ("vllm",), "sglang": ("sglang",),
                 "trtllm": ("tensorrt-llm", "tensorrt_llm", "tensorrt llm", "trt-llm", "trtllm"),
                 "tgi": ("text-generation-inference", "text generation inference", "tgi"),
                 "lmdeploy": ("lmdeploy", "turbomind"),
+                "fastgen": ("deepspeed-fastgen", "deepspeed fastgen", "deepspeed-mii", "deepspeed mii", "fastgen"),
                 "meshplan": ("meshplan",)}
 """Engine families and the names sources print for them (lower case), for reading a row's ``framework`` text."""
 ENGINES = tuple(FAMILY_NAMES)
