@@ -92,7 +92,12 @@ def test_every_command_parses_and_carries_the_plan(name):
         if engine.startswith("tgi"):
             # the router refuses requests beyond --max-concurrent-requests: raised to the benchmark's 640
             assert (ns.model_id, ns.num_shard, ns.max_concurrent_requests) == (REF, plan.tp, 640)
-            assert ns.cuda_graphs == [1, 2, 4, 8, 16, 32] and ns.max_total_tokens == 2048  # 1280, rounded to 1024s
+            # every size the prediction pads a decode batch to is captured
+            assert {prof.graph_batch(b) for b in range(1, 33)} <= set(ns.cuda_graphs) and ns.cuda_graphs[-1] == 32
+            assert ns.max_total_tokens == 2048  # 1280, rounded up to 1024s
+            # --dtype or --quantize, never both (text_generation_server/cli.py refuses the pair)
+            assert (ns.dtype is None) is (ns.quantize is not None)
+            assert (ns.quantize == "fp8") is (plan.precision == "fp8")
             assert (ns.kv_cache_dtype == "fp8_e4m3fn") is (plan.kv_dtype == "fp8")
             # replicas on one node: their own shard socket and NCCL rendezvous
             assert (ns.master_port, ns.shard_uds_path) == ((29500 + i, f"/tmp/text-generation-server-{i}") if i else
@@ -151,6 +156,7 @@ def test_a_lowered_running_cap_is_max_batch_size_on_tgi_2_and_said_on_tgi_3():
 def test_lmdeploy_says_what_turbomind_cannot_do():
     done = _export("lmdeploy-fp8kv-2xtp2")
     assert any("int8 KV" in a for a in done.approximations) and not done.exact
+    assert any("FP8 checkpoint" in a for a in done.approximations)
     assert _export("llama3.1-70b-tp4-lmdeploy").exact
 
 

@@ -42,6 +42,26 @@ def test_tgi_sizes_its_prefill_budget_as_its_launcher_does():
     assert sized_engine(catalog.engine("tgi"), model, ServePlan(engine="tgi"), b200, WORK).max_batched_tokens == 4096
 
 
+def test_tgi_caps_its_prefill_budget_by_the_memory_the_weights_leave():
+    """tgi@v3.3.7 vram_maximum: 0.95 x the shards' memory x --cuda-memory-fraction (the profile's KV fraction over
+    the 0.90 wiggle room), less TGI's own count of the 16-bit weights, over its bytes per token. Llama-3.1-70B on
+    2 H100 at a KV fraction of 0.75: by hand, below compute_optimal's 12,195, so it binds; a quantized int4
+    checkpoint skips the rule (TGI returns None)."""
+    from dataclasses import replace
+
+    model, pool = catalog.model("llama3.1-70b"), catalog.cluster("2xh100-sxm").pools[0]
+    tgi = replace(catalog.engine("tgi"), kv_memory_fraction=0.75)
+    params = ((64 + 2 * 8) * 128 + 64 * 128 * 8192 + 3 * 28672 * 8192) * 80 + 2 * 8192 * 128256
+    per_token = 8 * 2 * 128 * 2 * 80 + (28672 + 14336) * 2 * 3
+    want = int((0.95 * pool.gpu.hbm_bytes * 2 * 0.75 / 0.90 - 2 * params) // per_token)
+    assert want < 12195
+    got = sized_engine(tgi, model, ServePlan(tp=2, engine="tgi"), pool, WORK)
+    assert got.max_batched_tokens == want
+    quantized = sized_engine(tgi, model, ServePlan(tp=2, precision="int4", engine="tgi"), pool, WORK)
+    assert quantized.max_batched_tokens == 2 * 900e12 // ((2 * (3 * 64 + 2 * 8) * 128 * 8192
+                                                           + 6 * 8192 * 28672) * 80)
+
+
 def test_lmdeploy_sizes_its_batch_by_card():
     """lmdeploy@v0.16.0 get_max_batch_size: 1024 on H100/H200 (GH200 reads as H200), 384 on A100, else 128; the
     TurboMind forward budget is max_prefill_token_num (8192) plus that batch."""
@@ -50,6 +70,14 @@ def test_lmdeploy_sizes_its_batch_by_card():
         pool = catalog.cluster(f"1x{gpu}").pools[0]
         e = sized_engine(catalog.engine("lmdeploy"), model, ServePlan(engine="lmdeploy"), pool, WORK)
         assert (e.max_num_seqs, e.max_batched_tokens) == (batch, 8192 + batch)
+
+
+def test_a_pinned_cap_moves_turbomind_s_step_budget_with_it():
+    """TurboMind's forward budget is max_prefill_token_num + max_batch_size: pinning --max-num-seqs 64 gives 8256."""
+    base = dict(model=catalog.model("llama3.1-8b"), cluster=catalog.cluster("1xh100-sxm"),
+                engine=catalog.engine("lmdeploy"), work=WORK, slo=Slo(), constants=load_constants(), disagg="off")
+    best = search(ServeRequest(**base, max_num_seqs=64)).best
+    assert (best.engine.max_num_seqs, best.engine.max_batched_tokens) == (64, 8192 + 64)
 
 
 def test_a_tgi_row_is_predicted_not_skipped(tmp_path):
@@ -91,3 +119,14 @@ def test_export_of_an_engine_without_an_exporter_is_refused_before_the_search(tm
     got = subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True, timeout=120)
     assert got.returncode == 2 and not out.exists()
     assert got.stderr.count("\n") == 1 and "vllm, sglang, trtllm, tgi, lmdeploy" in got.stderr
+
+
+@pytest.mark.parametrize("engine, pp_ok", [("trtllm-0.17", True), ("vllm-0.6.0", True), ("sglang-0.3.0", False)])
+def test_older_releases_are_not_offered_what_their_exports_refuse(engine, pp_ok):
+    """TensorRT-LLM 0.17 and vLLM 0.6.0 have no disaggregated launch and SGLang 0.3.0 no --pp-size either: the
+    search offers neither, so its winner always exports."""
+    base = dict(model=catalog.model("llama3.1-70b"), cluster=catalog.cluster("8xh100-sxm"),
+                engine=catalog.engine(engine), work=WORK, slo=Slo(), constants=load_constants())
+    cands = search(ServeRequest(**base)).candidates
+    assert cands and not any(c.disaggregated for c in cands)
+    assert any(c.plan.pp > 1 for c in cands) is pp_ok

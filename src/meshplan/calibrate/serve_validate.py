@@ -164,6 +164,8 @@ def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
     plan, work = row_plan(row, engine), row_workload(row)
     model, gpu = catalog.model(row["model_key"].strip()), catalog.gpu(row["gpu_key"].strip())
     cluster = catalog.cluster(f"{plan.gpus_per_replica}x{gpu.name}")
+    if engine.max_pp and plan.pp > engine.max_pp:
+        raise SpecError(f"{row['id']}.pp", plan.pp, f"{engine.name} runs at most {engine.max_pp} pipeline stage(s)")
     engine = sized_engine(engine, model, plan, cluster.pools[0], work)
     ctx = step_context(model, cluster.pools[0], plan, engine, constants)
     oom = fit_check(ctx, work)

@@ -105,8 +105,8 @@ def engine_names() -> list[str]:
 
 @lru_cache(maxsize=64)
 def engine(ref: str) -> EngineProfile:
-    """A serving-engine profile by catalog name (``vllm``, ``sglang``, ``trtllm``, or a pinned version such as
-    ``vllm-0.6.0``)."""
+    """A serving-engine profile by catalog name (``vllm``, ``sglang``, ``trtllm``, ``tgi``, ``lmdeploy``,
+    ``fastgen``, or a pinned version such as ``vllm-0.6.0``)."""
     return engine_from_dict(_entry("engines", "engine", ref), f"engine[{ref}]")
 
 
@@ -142,7 +142,7 @@ def _nearest_release(releases: list[EngineProfile], wanted: tuple[int, ...]) -> 
     if not wanted:
         return releases[-1]
     below = [p for p in releases if _padded(p.since_key) <= _padded(wanted)]
-    return max(below, key=lambda p: (p.since_key, p.version_key)) if below else releases[0]
+    return max(below, key=lambda p: (_padded(p.since_key), _padded(p.version_key))) if below else releases[0]
 
 
 def _padded(version: tuple[int, ...]) -> tuple[int, ...]:

@@ -175,7 +175,7 @@ def serve_cmd(
     gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 8xh100-sxm (one GPU type)."),
     cluster: str = typer.Option("", "--cluster", help="Cluster file (one pool of GPUs and its network)."),
     engine: str = typer.Option("vllm", "--engine", help="Serving-engine profile (catalog/engines): vllm, "
-                               "sglang, trtllm, tgi, lmdeploy, or a versioned one such as vllm-0.6.0."),
+                               "sglang, trtllm, tgi, lmdeploy, fastgen, or a versioned one such as vllm-0.6.0."),
     input_len: str = typer.Option(..., "--input-len", help="Prompt tokens per request: a number, bins "
                                   "LENGTH:WEIGHT,..., a file of length,weight lines, or a dataset (sharegpt)."),
     output_len: str = typer.Option(..., "--output-len", help="Generated tokens per request (same forms)."),

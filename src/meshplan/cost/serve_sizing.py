@@ -67,24 +67,15 @@ def _tgi_v3(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool
             work: Workload) -> EngineProfile:
     """TGI 3's ``max_batch_prefill_tokens`` when none is given (tgi@v3.3.7 launcher/src/main.rs): the card's f16
     FLOPs times the shards over the model's FLOPs per token (``compute_optimal``, kept only above 100), else 4096;
-    at most the model's positions and the tokens the memory left by 16-bit weights holds (``vram_maximum``). The
+    at most the model's positions and the tokens the memory left by the weights holds (``vram_maximum``). The
     warmup forward of that many tokens sizes the activations, and each step's prefill chunk takes that budget."""
-    layer = model.decoder
     optimal = TGI_F16_FLOPS.get(pool.gpu.name, 0.0) * plan.tp // max(_tgi_flop_per_token(model), 1.0)
     value = int(optimal) if optimal > 100 else 4096
     if model.max_seq_len:
         value = min(value, model.max_seq_len)
-    if plan.weight_bytes == 2.0 and layer.moe is None:  # vram_maximum: None for a quantized checkpoint
-        att = layer.attention
-        # 0.95 wiggle room of nvidia-smi's total (MiB) over the shards, less the weights as (heads + 2 kv heads)
-        # x head_dim + heads x head_dim x hidden + 3 x ffn x hidden per layer and two vocab tables, in 16 bits
-        avail = 0.95 * pool.gpu.hbm_bytes * plan.tp
-        params = ((att.n_heads + 2 * att.n_kv_heads) * att.head_dim + att.n_heads * att.head_dim * layer.hidden
-                  + 3 * layer.ffn_hidden * layer.hidden) * model.n_layers + 2 * layer.hidden * model.vocab
-        # per token: 16-bit K and V of every layer plus 1.5 x ffn x 2 B x 3 of MLP intermediates
-        per_token = att.n_kv_heads * 2 * att.head_dim * 2 * model.n_layers + (layer.ffn_hidden * 3 // 2) * 2 * 3
-        if avail > 2 * params:
-            value = min(value, int((avail - 2 * params) // per_token))
+    vram = _tgi_vram_tokens(engine, model, plan, pool)
+    if vram is not None:
+        value = min(value, vram)
     return replace(engine, max_batched_tokens=value, activation_tokens=value)
 
 
@@ -92,27 +83,58 @@ TGI_F16_FLOPS = {"h100-sxm": 900e12, "h100-nvl-94gb": 900e12, "h200": 989e12, "a
                  "a100-40gb": 312e12, "a100": 312e12, "l40s": 363e12, "l4": 121e12}
 """TGI's card table (tgi@v3.3.7 launcher/src/main.rs ``ComputeType::f16_flop``) by the catalog names of the
 cards its nvidia-smi name parse knows; any other card (H100 PCIe, GH200, B200, MI300X) is unknown to it: 4096."""
+TGI_WIGGLE_ROOM = 0.90
+"""TGI_WIGGLE_ROOM (server/text_generation_server/models/globals.py, v3.3.7): a profile's KV fraction is
+--cuda-memory-fraction times it."""
+
+
+def _tgi_ffn(model: ModelSpec) -> tuple[int, int, int]:
+    """(intermediate_size, experts per token + shared experts, experts) as TGI's ``Config`` reads them (1, 0, 1
+    for a dense model); meshplan's MoE layer holds the expert width where DeepSeek's config names its dense FFN."""
+    layer = model.decoder
+    moe = layer.moe
+    return (layer.ffn_hidden, moe.top_k + moe.n_shared_experts, moe.n_experts) if moe else (layer.ffn_hidden, 1, 1)
 
 
 def _tgi_flop_per_token(model: ModelSpec) -> float:
     """TGI's ``Config::flop``: per layer 2 x (3 heads + 2 kv heads) x head_dim x hidden for attention (q, o and
-    the scores counted as one each) plus 6 x hidden x ffn x (experts per token + shared experts)."""
+    the scores counted as one each) plus 6 x hidden x intermediate x (experts per token + shared experts)."""
     layer = model.decoder
     att = layer.attention
-    moe = layer.moe
-    ffn, mult = (moe.expert_ffn_hidden, moe.top_k + moe.n_shared_experts) if moe else (layer.ffn_hidden, 1)
+    ffn, active, _ = _tgi_ffn(model)
     attn = 2 * (3 * att.n_heads + 2 * att.n_kv_heads) * att.head_dim * layer.hidden
-    return float((attn + 6 * layer.hidden * ffn * mult) * model.n_layers)
+    return float((attn + 6 * layer.hidden * ffn * active) * model.n_layers)
+
+
+def _tgi_vram_tokens(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool) -> int | None:
+    """TGI's ``vram_maximum``: 0.95 x the shards' memory x --cuda-memory-fraction, less the 16-bit weights, over
+    the bytes a token takes; None when the checkpoint is quantized (its config's ``quantize``: int4's AWQ/GPTQ;
+    fp8 is quantized on load from a 16-bit checkpoint, which keeps the rule) or the weights leave nothing."""
+    if plan.precision in ("int4", "fp4"):
+        return None
+    layer = model.decoder
+    att = layer.attention
+    ffn, _, experts = _tgi_ffn(model)
+    fraction = min(engine.kv_memory_fraction / TGI_WIGGLE_ROOM, 1.0)
+    avail = 0.95 * pool.gpu.hbm_bytes * plan.tp * fraction  # nvidia-smi's total: CUDA's, 0.6 % below, here
+    # model_vram: (heads + 2 kv heads) x head_dim + heads x head_dim x hidden + 3 x ffn x experts x hidden per
+    # layer, plus two vocab tables, in 16 bits
+    params = ((att.n_heads + 2 * att.n_kv_heads) * att.head_dim + att.n_heads * att.head_dim * layer.hidden
+              + 3 * ffn * experts * layer.hidden) * model.n_layers + 2 * layer.hidden * model.vocab
+    # token_vram: 16-bit K and V of every layer plus (ffn + ffn / 2) x experts x 2 B x 3 of MLP intermediates
+    per_token = att.n_kv_heads * 2 * att.head_dim * 2 * model.n_layers + (ffn + ffn // 2) * experts * 2 * 3
+    left = avail - 2 * params
+    return int(left // per_token) if left > 0 else None
 
 
 def _lmdeploy(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool,
               work: Workload) -> EngineProfile:
     """LMDeploy's ``max_batch_size`` by card (lmdeploy@v0.16.0 lmdeploy/utils.py ``get_max_batch_size``: 1024 on
     H100/H800/H200, 384 on A100/A800, else 128) and TurboMind's forward budget of ``max_prefill_token_num`` plus
-    that batch (src/turbomind/turbomind.cc)."""
+    that batch (src/turbomind/turbomind.cc); never above the profile's own cap."""
     name = pool.gpu.name
     batch = next((n for keys, n in LMDEPLOY_BATCH if any(k in name for k in keys)), 128)
-    return replace(engine, max_num_seqs=batch, max_batched_tokens=engine.activation_tokens + batch)
+    return with_cap(engine, min(batch, engine.max_num_seqs))
 
 
 LMDEPLOY_BATCH = ((("h100", "h800", "h200"), 1024), (("a100", "a800"), 384))
@@ -130,6 +152,15 @@ def _round_up(x: float, rungs: tuple[tuple[float, int], ...], least: int) -> int
 SIZINGS = {"none": lambda engine, model, plan, pool, work: engine, "trtllm-bench": _trtllm_bench,
            "vllm-v0": _vllm_v0, "tgi-v3": _tgi_v3, "lmdeploy": _lmdeploy}
 """Build-sizing rule -> the engine with its caps for one workload and layout (``spec.engine.BUILD_SIZINGS``)."""
+
+
+def with_cap(engine: EngineProfile, seqs: int) -> EngineProfile:
+    """The engine with a running-sequence cap the search tries or the user pins; where the step budget follows the
+    batch (TurboMind's max_prefill_token_num + max_batch_size, src/turbomind/turbomind.cc) it follows the cap."""
+    out = replace(engine, max_num_seqs=seqs)
+    if engine.build_sizing == "lmdeploy":
+        out = replace(out, max_batched_tokens=engine.activation_tokens + seqs)
+    return out
 
 
 def sized_engine(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool,

@@ -1,7 +1,8 @@
 """Pieces every serving export shares: the job being exported, where its GPUs and ports are, the context length and
 prompt count it is launched and measured with, and how commands are written into a shell script.
 
-The engine-specific exporters (``serve_vllm``, ``serve_sglang``, ``serve_trtllm``) turn a ``ServeJob`` into engine
+The engine-specific exporters (``serve_vllm``, ``serve_sglang``, ``serve_trtllm``, ``serve_tgi``,
+``serve_lmdeploy``) turn a ``ServeJob`` into engine
 commands; this module knows nothing of any engine's flags.
 """
 

@@ -76,6 +76,9 @@ def _approximations(job: ServeJob) -> list[str]:
     if e.custom_allreduce_bytes:
         out.append("custom all-reduce: written as NCCL, TurboMind's default communicator (--communicator cuda-ipc "
                    "selects its own kernels)")
+    if p.precision == "fp8":
+        out.append("fp8 weights: MODEL must be an FP8 checkpoint (--model-format fp8 reads blocked-FP8 weights; "
+                   "TurboMind does not quantize a 16-bit checkpoint on load)")
     if not e.mixed_batches or not e.chunked_prefill:
         out.append("prefill apart from the decodes: TurboMind always splits and fuses prompts into the decode steps")
     return out + checkpoint_notes(p.precision)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.cost.serve_sizing import TGI_WIGGLE_ROOM
 from meshplan.export.base import ExportError
 from meshplan.export.serve_bench import VLLM_CLIENT, bench_file, vllm_bench
 from meshplan.export.serve_common import (
@@ -52,10 +53,7 @@ ROUTER_CAP = 128
 """--max-concurrent-requests default: requests in flight beyond it are refused with 429 (router/src/infer/mod.rs)."""
 MASTER_PORT = 29500
 """--master-port default: the shards' torch.distributed rendezvous, one per replica on a node."""
-WIGGLE_ROOM = 0.90
-"""TGI_WIGGLE_ROOM default (server/text_generation_server/models/globals.py, v3.3.7): the profile's KV fraction is
---cuda-memory-fraction times it."""
-_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "fp4": "bfloat16", "int4": "float16"}
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 _QUANTIZE = {"fp8": "fp8", "int4": "awq"}
 
 
@@ -123,9 +121,9 @@ def _capped(engine) -> bool:
 def engine_args(job: ServeJob, replica: int, rel: TgiRelease) -> list[str]:
     """The launcher options of one replica (parallelism, precision, memory, batching; its own socket and port)."""
     e, p, max_len = job.engine, job.plan, context_len(job)
-    args = ["--num-shard", str(p.tp), "--dtype", _DTYPE[p.precision]]
-    if p.precision in _QUANTIZE:
-        args += ["--quantize", _QUANTIZE[p.precision]]
+    args = ["--num-shard", str(p.tp)]
+    # --dtype or --quantize, not both: text_generation_server/cli.py serve() refuses the pair (but bitsandbytes)
+    args += ["--quantize", _QUANTIZE[p.precision]] if p.precision in _QUANTIZE else ["--dtype", _DTYPE[p.precision]]
     if p.kv_dtype == "fp8":
         args += ["--kv-cache-dtype", "fp8_e4m3fn"]
     longest_prompt = max(n for n, _ in job.work.bins("input"))
@@ -135,7 +133,7 @@ def engine_args(job: ServeJob, replica: int, rel: TgiRelease) -> list[str]:
     if _capped(e) and not rel.chunking:
         args += ["--max-batch-size", str(e.max_num_seqs)]
     if "kv_memory_fraction" in changed_settings(e):
-        args += ["--cuda-memory-fraction", f"{min(e.kv_memory_fraction / WIGGLE_ROOM, 1.0):.4g}"]
+        args += ["--cuda-memory-fraction", f"{min(e.kv_memory_fraction / TGI_WIGGLE_ROOM, 1.0):.4g}"]
     args += ["--cuda-graphs", _graphs(e.cuda_graph_max_batch, e.cuda_graph_step)]
     if replica:
         args += ["--shard-uds-path", f"/tmp/text-generation-server-{replica}",
@@ -144,12 +142,10 @@ def engine_args(job: ServeJob, replica: int, rel: TgiRelease) -> list[str]:
 
 
 def _graphs(max_batch: int, step: int) -> str:
-    """--cuda-graphs: the captured sizes the profile pads a decode batch to (1, 2, 4, then multiples of the step,
-    TGI's default 1,2,4,8,16,32 written out), "0" for none."""
+    """--cuda-graphs: the captured sizes the profile pads a decode batch to (1, 2, 4, then multiples of the step:
+    1,2,4,8,16,24,32 for TGI's 32, whose own default list lacks 24), "0" for none."""
     if max_batch == 0:
         return "0"
-    if step == 8 and max_batch == 32:
-        return "1,2,4,8,16,32"  # TGI's own default list
     sizes = sorted({s for s in (1, 2, 4) if s <= max_batch} | set(range(step, max_batch + 1, step)) | {max_batch})
     return ",".join(str(s) for s in sizes)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from meshplan.cost.result import pareto_front
 from meshplan.cost.serve_disagg import predict_disagg
 from meshplan.cost.serve_load import ServePrediction, fit_check, predict_load
-from meshplan.cost.serve_sizing import sized_engine
+from meshplan.cost.serve_sizing import sized_engine, with_cap
 from meshplan.cost.serve_step import StepContext, step_context
 from meshplan.cost.serve_tail import quantile
 from meshplan.errors import SpecError
@@ -76,8 +76,8 @@ class ServeRequest:
             raise SpecError("disagg", self.disagg, f"must be one of {', '.join(DISAGG)}")
         if self.engine.max_pp and self.pp > self.engine.max_pp:
             raise SpecError("--pp", self.pp, f"{self.engine.name} runs at most {self.engine.max_pp} pipeline "
-                            "stage (it shards by tensor parallelism only); leave --pp unset, or use vllm, sglang "
-                            "or trtllm")
+                            f"stage(s); use --pp {self.engine.max_pp} or leave it unset, or an engine with pipeline "
+                            "parallelism (vllm, sglang, trtllm)")
         if self.disagg == "only" and not self.engine.disaggregation:
             raise SpecError("--disagg", "only", f"{self.engine.name} serves prefill and decode in one engine (no "
                             "disaggregated deployment); use --disagg off, or an engine Dynamo runs (vllm, sglang, "
@@ -252,7 +252,7 @@ def _contexts(req: ServeRequest, engine: EngineProfile, *, tp: int, pp: int, ep:
     sized = sized_engine(req.engine, req.model, plan, req.pool, req.work)
     if engine is not req.engine:
         seqs = engine.max_num_seqs if req.max_num_seqs else min(engine.max_num_seqs, sized.max_num_seqs)
-        sized = replace(sized, max_num_seqs=seqs)
+        sized = with_cap(sized, seqs)
     return plan, step_context(req.model, req.pool, plan, sized, req.constants)
 
 

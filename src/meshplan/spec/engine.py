@@ -35,8 +35,7 @@ class EngineProfile:
     """Catalog name, e.g. ``vllm-0.6.0``."""
     engine: str
     """Engine family: ``vllm``, ``sglang``, ``trtllm`` (NIM and MLPerf harnesses run TensorRT-LLM), ``tgi``,
-    ``lmdeploy`` or ``meshplan``
-    (the runtime's own decode loop, ``runtime.decode``)."""
+    ``lmdeploy``, ``fastgen`` (DeepSpeed-MII) or ``meshplan`` (the runtime's own decode loop, ``runtime.decode``)."""
     version: str
     """The release the facts are read from."""
     since: str = ""

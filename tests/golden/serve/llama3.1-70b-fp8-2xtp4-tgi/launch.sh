@@ -13,28 +13,26 @@ CUDA_VISIBLE_DEVICES=0,1,2,3 text-generation-launcher \
     --model-id meta-llama/Llama-3.1-70B-Instruct \
     --port 8081 \
     --num-shard 4 \
-    --dtype bfloat16 \
     --quantize fp8 \
     --kv-cache-dtype fp8_e4m3fn \
     --max-input-tokens 1024 \
     --max-total-tokens 2048 \
     --max-batch-prefill-tokens 4096 \
     --max-concurrent-requests 640 \
-    --cuda-graphs 1,2,4,8,16,32 &
+    --cuda-graphs 1,2,4,8,16,24,32 &
 
 # replica 1
 CUDA_VISIBLE_DEVICES=4,5,6,7 text-generation-launcher \
     --model-id meta-llama/Llama-3.1-70B-Instruct \
     --port 8082 \
     --num-shard 4 \
-    --dtype bfloat16 \
     --quantize fp8 \
     --kv-cache-dtype fp8_e4m3fn \
     --max-input-tokens 1024 \
     --max-total-tokens 2048 \
     --max-batch-prefill-tokens 4096 \
     --max-concurrent-requests 640 \
-    --cuda-graphs 1,2,4,8,16,32 \
+    --cuda-graphs 1,2,4,8,16,24,32 \
     --shard-uds-path /tmp/text-generation-server-1 \
     --master-port 29501 &
 

@@ -14,7 +14,7 @@ CUDA_VISIBLE_DEVICES=0,1,2,3 lmdeploy serve api_server meta-llama/Llama-3.1-70B-
     --tp 4 \
     --dtype bfloat16 \
     --session-len 2048 \
-    --max-batch-size 128 \
+    --max-batch-size 1024 \
     --cache-max-entry-count 0.8 \
     --cache-block-seq-len 64 \
     --max-prefill-token-num 8192
