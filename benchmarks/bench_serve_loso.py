@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """Leave-one-source-out cross-validation of the serving constants: for each source of the serving measurements,
 refit the constants (``scripts/fit_serving.py``'s fit) on the other sources' rows and predict the held-out
-source's rows. A constant only the held-out source informs (its engine's host time, its GPU generation's decode
-efficiency) falls back to the default, as it would for an engine or GPU no visible row uses. Takes a few minutes.
+source's rows. A constant only the held-out source informs falls back as it would for an engine or GPU no visible
+row uses: an engine family none of the other sources ran takes the median of the fitted engines' host times
+(``serve_step.unseen_family``), a GPU generation none ran the median of the fitted generations' kernel constants
+(``serve_step.per_generation``). Takes a few minutes.
 
 Usage: python benchmarks/bench_serve_loso.py [inference.csv]"""
 
