@@ -380,3 +380,18 @@ def test_int4_weight_only_reads_packed_weights_and_computes_in_16_bits():
 
     plan = row_plan({"precision": "AWQ", "tp": "2", "pp": "1", "dp": "1"}, catalog.engine("vllm"))
     assert (plan.precision, plan.kv_dtype) == ("int4", "bf16")
+
+
+def test_every_inference_metric_is_predicted_by_its_definition():
+    """INFERENCE.md's eight metrics: per-GPU throughput is the output tokens over every GPU the deployment uses
+    (trtllm-bench's "Per GPU Output Throughput"), total throughput adds the prompt tokens taken in."""
+    from meshplan.calibrate.serve_validate import METRICS
+
+    model, pool = catalog.model("llama3.1-8b"), catalog.cluster("2xh100-sxm").pools[0]
+    ctx = step_context(model, pool, ServePlan(), catalog.engine("vllm"), {})
+    work = Workload(input_len=1000, output_len=200)
+    pred = predict_load(ctx, work, replicas=2)
+    assert pred.metric("tokens_per_s_per_gpu") == pytest.approx(pred.output_tokens_per_s / 2)
+    assert pred.metric("total_tokens_per_s") == pytest.approx(pred.requests_per_s * 1200)
+    assert pred.metric("output_tokens_per_s") == pytest.approx(pred.requests_per_s * 200)
+    assert all(pred.metric(m) > 0 for m in METRICS)

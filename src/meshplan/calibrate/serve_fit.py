@@ -32,7 +32,8 @@ engines' one-shot kernels share it; Ada's value is its PCIe servers', which reac
 within 5 % without it, and the rows that would pull it up are those whose queueing the model under-predicts (high
 concurrency), which it must not hide."""
 GROUPS = {"ttft_ms": "ttft", "itl_ms": "token", "tpot_ms": "token", "e2e_latency_s": "token",
-          "output_tokens_per_s": "throughput", "requests_per_s": "throughput"}
+          "output_tokens_per_s": "throughput", "requests_per_s": "throughput", "total_tokens_per_s": "throughput",
+          "tokens_per_s_per_gpu": "throughput"}
 
 
 def _rows(path: str | Path) -> list[dict]:

@@ -21,7 +21,9 @@ from meshplan.spec.serving import ServePlan, Workload
 
 REQUIRED = ("id", "model_key", "gpu_key", "tp", "precision", "framework", "input_len", "output_len", "concurrency",
             "metric", "value")
-METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_s", "output_tokens_per_s", "requests_per_s")
+METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_s", "output_tokens_per_s", "total_tokens_per_s",
+           "requests_per_s", "tokens_per_s_per_gpu")
+"""The metrics of INFERENCE.md's ``metric`` column."""
 OFFLINE = ("max", "offline", "inf")
 """``concurrency`` values that mean an offline run (every request queued at once)."""
 

@@ -68,7 +68,8 @@ def predict_disagg(pre: StepContext, dec: StepContext, work: Workload, *, n_pref
     occupancy = min(resident * kv_need(dec, work) / max(kv_capacity_tokens(dec), 1), 1.0)
     return ServePrediction(
         ttft=ttft, tpot=t_d, itl=dec.engine.multi_step * t_d, e2e=ttft + (work.output_len - 1) * t_d,
-        queue_wait=wait, output_tokens_per_s=x * work.output_len, requests_per_s=x, resident=resident,
+        queue_wait=wait, output_tokens_per_s=x * work.output_len, requests_per_s=x,
+        prompt_tokens_per_s=x * work.input_len, resident=resident,
         kv_capacity_tokens=kv_capacity_tokens(dec), kv_occupancy=occupancy,
         limited_by=limit, decode_step=t_d, prefill=t_p, wait_fixed=fixed, wait_prob=prob, kv_transfer=t_kv,
         gpus=gpus)

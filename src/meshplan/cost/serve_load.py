@@ -41,6 +41,8 @@ class ServePrediction:
     """Generated tokens per second of the whole deployment."""
     requests_per_s: float
     """Completed requests per second of the whole deployment."""
+    prompt_tokens_per_s: float = 0.0
+    """Prompt tokens per second the deployment takes in (requests/s x the mean prompt)."""
     resident: int
     """Requests decoding together on one replica."""
     kv_capacity_tokens: int
@@ -78,10 +80,13 @@ class ServePrediction:
 
     def metric(self, name: str) -> float:
         """A validation metric by its CSV name (``ttft_ms``, ``tpot_ms``, ``itl_ms``, ``e2e_latency_s``,
-        ``output_tokens_per_s``, ``requests_per_s``)."""
+        ``output_tokens_per_s``, ``total_tokens_per_s`` (prompt and output tokens, as trtllm-bench's "Total Token
+        Throughput"), ``requests_per_s``, ``tokens_per_s_per_gpu`` (output tokens per GPU, its "Per GPU Output
+        Throughput"))."""
         return {"ttft_ms": 1e3 * self.ttft, "tpot_ms": 1e3 * self.tpot, "itl_ms": 1e3 * self.itl,
                 "e2e_latency_s": self.e2e, "output_tokens_per_s": self.output_tokens_per_s,
-                "requests_per_s": self.requests_per_s}[name]
+                "total_tokens_per_s": self.output_tokens_per_s + self.prompt_tokens_per_s,
+                "requests_per_s": self.requests_per_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu}[name]
 
 
 def kv_capacity_tokens(ctx: StepContext) -> int:
@@ -194,6 +199,7 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
     return ServePrediction(
         ttft=ttft, tpot=tpot, itl=ctx.engine.multi_step * tpot, e2e=ttft + (work.output_len - 1) * tpot,
         queue_wait=wait, output_tokens_per_s=replicas * x_req * work.output_len, requests_per_s=replicas * x_req,
+        prompt_tokens_per_s=replicas * x_req * work.input_len,
         resident=resident, kv_capacity_tokens=kv_capacity_tokens(ctx),
         kv_occupancy=min(resident * kv_need(ctx, work) / max(kv_capacity_tokens(ctx), 1), 1.0), limited_by=limit,
         decode_step=t_d, prefill=t_p, wait_fixed=fixed, wait_prob=prob, stall=stall, stall_share=share,
