@@ -17,6 +17,7 @@ from meshplan.cost.serve_step import step_context
 from meshplan.cost.serve_tail import quantile
 from meshplan.errors import MeshplanError, SpecError
 from meshplan.spec.engine import EngineProfile
+from meshplan.spec.model import ModelSpec
 from meshplan.spec.serving import ServePlan, Workload
 
 REQUIRED = ("id", "model_key", "gpu_key", "tp", "precision", "framework", "input_len", "output_len", "concurrency",
@@ -153,8 +154,22 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
     prec = row["precision"].strip().lower()
     prec = {"nvfp4": "fp4", "awq": "int4", "gptq": "int4", "w4a16": "int4", "int4-awq": "int4"}.get(prec, prec)
     kv = "fp8" if prec in ("fp8", "fp4") and engine.fp8_kv else ("fp16" if prec == "fp16" else "bf16")
-    return ServePlan(tp=_int(row, "tp"), pp=_int(row, "pp"), replicas=_int(row, "dp"), precision=prec, kv_dtype=kv,
-                     engine=engine.name)
+    return ServePlan(tp=_int(row, "tp"), pp=_int(row, "pp"), ep=_int(row, "ep"), replicas=_int(row, "dp"),
+                     precision=prec, kv_dtype=kv, engine=engine.name)
+
+
+def check_experts(row: dict, model: ModelSpec, plan: ServePlan) -> None:
+    """A row's expert parallelism must be one the serving model lays out: whole experts over a TP group's ranks
+    (``ep`` dividing ``tp`` and the expert count); attention data parallelism across the expert group (ep > tp)
+    is not modelled, and a dense model has no experts to split."""
+    if plan.ep == 1:
+        return
+    moe = model.decoder.moe
+    if moe is None:
+        raise SpecError(f"{row['id']}.ep", plan.ep, f"{model.name} has no experts (dense): ep must be 1")
+    if plan.ep > plan.tp or plan.tp % plan.ep or moe.n_experts % plan.ep:
+        raise SpecError(f"{row['id']}.ep", plan.ep, f"must divide tp={plan.tp} and the {moe.n_experts} experts "
+                        "(attention data parallelism across the expert group is not modelled)")
 
 
 def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
@@ -166,6 +181,7 @@ def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
     plan, work = row_plan(row, engine), row_workload(row)
     model, gpu = catalog.model(row["model_key"].strip()), catalog.gpu(row["gpu_key"].strip())
     cluster = catalog.cluster(f"{plan.gpus_per_replica}x{gpu.name}")
+    check_experts(row, model, plan)
     if engine.max_pp and plan.pp > engine.max_pp:
         raise SpecError(f"{row['id']}.pp", plan.pp, f"{engine.name} runs at most {engine.max_pp} pipeline stage(s)")
     engine = sized_engine(engine, model, plan, cluster.pools[0], work)
