@@ -149,6 +149,21 @@ def port_span(first: int, count: int) -> str:
     return str(first) if count == 1 else f"{first}-{first + count - 1}"
 
 
+def replica_launches(job: ServeJob, *, port: int, argv, balancer: str) -> tuple[list[Launch], list[str]]:
+    """One server per replica of the aggregated pool on its GPUs, ``argv(replica, port)`` its command: on ``port``
+    alone, or on the ports after it behind a round-robin load balancer on ``port`` (``balancer`` names the engine's
+    own, if any), for engines with no data parallelism of their own."""
+    pool = job.pools[0]
+    ports = [port] if pool.replicas == 1 else [port + 1 + i for i in range(pool.replicas)]
+    launches = [Launch(role=f"replica {i}", argv=tuple(argv(i, p)), env=(visible_devices(gpus),), node=node)
+                for i, ((node, gpus), p) in enumerate(zip(placements(job)["serve"], ports))]
+    notes = []
+    if pool.replicas > 1:
+        notes.append(f"{pool.replicas} replicas on ports {port_span(ports[0], len(ports))}: put a round-robin load "
+                     f"balancer on port {port} in front of them ({balancer})")
+    return launches, notes
+
+
 def fits_one_node(job: ServeJob) -> bool:
     """Every GPU of the deployment is on one node (an engine's own data-parallel flag then starts all replicas)."""
     return sum(p.n_gpus for p in job.pools) <= job.gpus_per_node

@@ -18,11 +18,9 @@ from meshplan.export.serve_common import (
     context_len,
     header,
     pick_release,
-    placements,
-    port_span,
+    replica_launches,
     replica_nodes,
     script,
-    visible_devices,
 )
 
 RELEASES = {"0.16.0": None}
@@ -100,14 +98,7 @@ def engine_args(job: ServeJob) -> list[str]:
 
 def _launches(job: ServeJob) -> tuple[list[Launch], list[str]]:
     """One api_server per replica on its GPUs; a load balancer in front when there are several."""
-    pool = job.pools[0]
-    ports = [PORT] if pool.replicas == 1 else [PORT + 1 + i for i in range(pool.replicas)]
-    launches = []
-    for i, ((node, gpus), port) in enumerate(zip(placements(job)["serve"], ports)):
-        argv = ["lmdeploy", "serve", "api_server", job.model_ref, "--server-port", str(port), *engine_args(job)]
-        launches.append(Launch(role=f"replica {i}", argv=tuple(argv), env=(visible_devices(gpus),), node=node))
-    notes = []
-    if pool.replicas > 1:
-        notes.append(f"{pool.replicas} replicas on ports {port_span(ports[0], len(ports))}: put a round-robin load "
-                     f"balancer on port {PORT} in front of them (or LMDeploy's own `lmdeploy serve proxy`)")
-    return launches, notes
+    return replica_launches(
+        job, port=PORT, balancer="or LMDeploy's own `lmdeploy serve proxy`",
+        argv=lambda i, port: ["lmdeploy", "serve", "api_server", job.model_ref, "--server-port", str(port),
+                              *engine_args(job)])

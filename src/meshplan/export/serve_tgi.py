@@ -26,11 +26,9 @@ from meshplan.export.serve_common import (
     header,
     num_prompts,
     pick_release,
-    placements,
-    port_span,
+    replica_launches,
     replica_nodes,
     script,
-    visible_devices,
 )
 
 
@@ -152,14 +150,7 @@ def _graphs(max_batch: int, step: int) -> str:
 
 def _launches(job: ServeJob, rel: TgiRelease) -> tuple[list[Launch], list[str]]:
     """One launcher per replica on its GPUs; a load balancer in front when there are several."""
-    pool = job.pools[0]
-    ports = [PORT] if pool.replicas == 1 else [PORT + 1 + i for i in range(pool.replicas)]
-    launches = []
-    for i, ((node, gpus), port) in enumerate(zip(placements(job)["serve"], ports)):
-        argv = ["text-generation-launcher", "--model-id", job.model_ref, "--port", str(port), *engine_args(job, i, rel)]
-        launches.append(Launch(role=f"replica {i}", argv=tuple(argv), env=(visible_devices(gpus),), node=node))
-    notes = []
-    if pool.replicas > 1:
-        notes.append(f"{pool.replicas} replicas on ports {port_span(ports[0], len(ports))}: put a round-robin load "
-                     f"balancer on port {PORT} in front of them (TGI has no data parallelism of its own)")
-    return launches, notes
+    return replica_launches(
+        job, port=PORT, balancer="TGI has no data parallelism of its own",
+        argv=lambda i, port: ["text-generation-launcher", "--model-id", job.model_ref, "--port", str(port),
+                              *engine_args(job, i, rel)])
