@@ -146,3 +146,14 @@ def test_a_row_s_expert_parallelism_is_read_or_refused(tmp_path):
     assert [r.id for r in report.rows] == ["m"]
     why = dict(report.skipped)
     assert "no experts" in why["d"] and "must divide tp=1" in why["w"]
+
+
+@pytest.mark.parametrize("flag, value", [("--pp", "2"), ("--disagg", "only")])
+def test_the_cli_refuses_a_layout_the_engine_cannot_run_in_one_line(flag, value):
+    import subprocess
+    import sys
+
+    args = ["serve", "--model", "llama3.1-70b", "--gpus", "8xh100-sxm", "--engine", "tgi", "--input-len", "100",
+            "--output-len", "100", flag, value]
+    got = subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 2 and got.stderr.count("\n") == 1 and flag in got.stderr and "tgi" in got.stderr
