@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import tomllib
 from pathlib import Path
 
 import pytest
+from test_serve_export import servers  # the script reader the other serving-export tests use
 
 from meshplan import catalog
 from meshplan.export.base import ExportError
@@ -36,22 +36,6 @@ def _export(name: str, **kw):
     model, plan, engine = CASES[name]
     args = dict(model=catalog.model(model), model_ref=REF, plan=plan, engine=catalog.engine(engine), work=W)
     return export_serving(**{**args, **kw})
-
-
-def _servers(text: str, program: str) -> list[tuple[dict, list[str]]]:
-    """(environment, argv from the program on) of every command running ``program`` in a script."""
-    out, logical = [], ""
-    for line in text.splitlines():
-        if line.startswith("#") and not logical:
-            continue
-        logical += line[:-1] + " " if line.endswith("\\") else line
-        if line.endswith("\\"):
-            continue
-        words, logical = shlex.split(logical), ""
-        if program in words:
-            env = dict(w.split("=", 1) for w in words[:words.index(program)] if "=" in w)
-            out.append((env, [w for w in words[words.index(program):] if w != "&"]))
-    return out
 
 
 def _parser(engine: str) -> argparse.ArgumentParser:
@@ -83,7 +67,7 @@ def _parsed(engine: str, argv: list[str]) -> argparse.Namespace:
 def test_every_command_parses_and_carries_the_plan(name):
     model, plan, engine = CASES[name]
     done = _export(name)
-    launches = _servers(done.files["launch.sh"], PROGRAM[engine][0])
+    launches = servers(done.files["launch.sh"], PROGRAM[engine][0])
     assert len(launches) == plan.replicas
     prof = catalog.engine(engine)
     for i, (env, argv) in enumerate(launches):
@@ -118,7 +102,7 @@ def test_tgi_3_writes_its_compute_optimal_prefill_budget():
     model, plan = catalog.model("llama3.1-70b"), ServePlan(tp=4, engine="tgi")
     e = sized_engine(catalog.engine("tgi"), model, plan, catalog.cluster("4xh100-sxm").pools[0], W)
     done = export_serving(model=model, model_ref=REF, plan=plan, engine=e, work=W)
-    [(_, argv)] = _servers(done.files["launch.sh"], "text-generation-launcher")
+    [(_, argv)] = servers(done.files["launch.sh"], "text-generation-launcher")
     assert _parsed("tgi", argv).max_batch_prefill_tokens == e.max_batched_tokens == 24383
 
 
@@ -148,7 +132,7 @@ def test_a_lowered_running_cap_is_max_batch_size_on_tgi_2_and_said_on_tgi_3():
         e = replace(catalog.engine(engine), max_num_seqs=32)
         done = export_serving(model=catalog.model("llama3.1-70b"), model_ref=REF, plan=ServePlan(tp=8, engine=engine),
                               engine=e, work=W)
-        [(_, argv)] = _servers(done.files["launch.sh"], "text-generation-launcher")
+        [(_, argv)] = servers(done.files["launch.sh"], "text-generation-launcher")
         assert (_parsed(engine, argv).max_batch_size == 32) is flag
         assert any("--max-batch-size" in a for a in done.approximations) is not flag
 
