@@ -107,11 +107,13 @@ def test_tgi_3_writes_its_compute_optimal_prefill_budget():
 
 
 def test_what_the_engines_cannot_start_is_refused():
-    for engine in ("tgi", "lmdeploy"):
+    """The pipeline and disaggregation refusals come from the profiles' ``max_pp`` / ``disaggregation`` fields and
+    quote the source each profile cites for them."""
+    for engine, source in (("tgi", "launcher/src/main.rs"), ("lmdeploy", "TurbomindEngineConfig")):
         args = dict(model=catalog.model("llama3.1-70b"), model_ref=REF, engine=catalog.engine(engine), work=W)
-        with pytest.raises(ExportError, match="pipeline"):
+        with pytest.raises(ExportError, match=f"no pipeline parallelism beyond 1 stage.*{source}"):
             export_serving(plan=ServePlan(tp=4, pp=2, engine=engine), **args)
-        with pytest.raises(ExportError, match="disaggregated"):
+        with pytest.raises(ExportError, match="no disaggregated mode: .*dynamo@416ff06e"):
             export_serving(plan=ServePlan(tp=4, engine=engine), disagg={
                 "prefill": ServePlan(tp=4, engine=engine), "decode": ServePlan(tp=4, engine=engine),
                 "prefill_replicas": 1, "decode_replicas": 1}, **args)
@@ -163,3 +165,19 @@ def test_golden_files(name):
     assert sorted(p.name for p in folder.iterdir()) == sorted(files)
     for fname, text in files.items():
         assert (folder / fname).read_text() == text, f"{name}/{fname} changed; MESHPLAN_UPDATE_GOLDEN=1 rewrites it"
+
+
+def test_the_refusals_follow_the_profile_fields_not_the_engine_family():
+    """A vLLM profile that declares one pipeline stage and no disaggregation is refused both, like TGI."""
+    import dataclasses
+
+    vllm = catalog.engine("vllm")
+    one = dataclasses.replace(vllm, max_pp=1, disaggregation=False, sources={**vllm.sources, "max_pp": "test: one",
+                                                                             "disaggregation": "test: none"})
+    args = dict(model=catalog.model("llama3.1-70b"), model_ref=REF, engine=one, work=W)
+    with pytest.raises(ExportError, match="pp=2: engine profile vllm has no pipeline parallelism .*test: one"):
+        export_serving(plan=ServePlan(tp=4, pp=2), **args)
+    with pytest.raises(ExportError, match="test: none"):
+        export_serving(plan=ServePlan(tp=4), disagg={"prefill": ServePlan(tp=4), "decode": ServePlan(tp=4),
+                                                     "prefill_replicas": 1, "decode_replicas": 1}, **args)
+    assert "launch.sh" in export_serving(plan=ServePlan(tp=4, pp=2), **{**args, "engine": vllm}).files

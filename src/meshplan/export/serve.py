@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from meshplan.export import serve_lmdeploy, serve_sglang, serve_tgi, serve_trtllm, serve_vllm
 from meshplan.export.base import ExportError
-from meshplan.export.serve_common import ServeJob, make_job
+from meshplan.export.serve_common import ServeJob, make_job, profile_refusals
 from meshplan.spec.engine import EngineProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.serving import ServePlan, Workload
@@ -72,5 +72,6 @@ def export_serving(*, model: ModelSpec, model_ref: str, plan: ServePlan, engine:
                           f"exports exist for {', '.join(EXPORTERS)}")
     job = make_job(model=model, model_ref=model_ref, plan=plan, engine=engine, work=work, disagg=disagg,
                    gpus_per_node=gpus_per_node)
+    profile_refusals(job)
     files, approximations = EXPORTERS[engine.engine](job)
     return ServeExport(files=files, approximations=tuple(approximations))

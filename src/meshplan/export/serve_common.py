@@ -113,6 +113,20 @@ def make_job(*, model: ModelSpec, model_ref: str, plan: ServePlan, engine: Engin
                     gpus_per_node=gpus_per_node)
 
 
+def profile_refusals(job: ServeJob) -> None:
+    """Refuse what the engine profile says the engine cannot run (``max_pp``, ``disaggregation``), citing the
+    profile's source for it: one place for every exporter, read from the same fields the search obeys."""
+    e = job.engine
+    if job.disaggregated and not e.disaggregation:
+        raise ExportError(f"engine profile {e.name} has no disaggregated mode: "
+                          f"{e.sources.get('disaggregation', 'prefill and decode run in one engine')}")
+    for pool in job.pools:
+        if e.max_pp and pool.plan.pp > e.max_pp:
+            where = "" if pool.role == "serve" else f"{pool.role}: "
+            raise ExportError(f"{where}pp={pool.plan.pp}: engine profile {e.name} has no pipeline parallelism beyond "
+                              f"{e.max_pp} stage(s): {e.sources.get('max_pp', 'no pipeline degree')}")
+
+
 def placements(job: ServeJob) -> dict[str, list[tuple[int, list[int]]]]:
     """Where each replica runs, pool by pool: (node, node-local GPU indices). Replicas are packed node by node in
     pool order; one that would straddle two nodes starts on the next, and one larger than a node takes whole nodes

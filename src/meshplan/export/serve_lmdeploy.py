@@ -48,13 +48,8 @@ def export(job: ServeJob) -> tuple[dict[str, str], list[str]]:
 
 
 def _check(job: ServeJob) -> None:
-    """Refusals: layouts TurboMind cannot start."""
+    """Refusals: layouts TurboMind cannot start beyond the profile's own (``serve_common.profile_refusals``)."""
     p = job.plan
-    if job.disaggregated:
-        raise ExportError("LMDeploy's TurboMind serves prefill and decode in one engine: no disaggregated deployment")
-    if p.pp > 1:
-        raise ExportError(f"pp={p.pp}: TurboMind has tensor, data, context and expert parallelism, no pipeline "
-                          "stages (TurbomindEngineConfig)")
     if p.precision == "fp4":
         raise ExportError("fp4 weights: TurboMind's --model-format has no NVFP4 (hf, awq, gptq, fp8, mxfp4)")
     if replica_nodes(job.pools[0]) > 1:

@@ -71,13 +71,8 @@ def export(job: ServeJob) -> tuple[dict[str, str], list[str]]:
 
 
 def _check(job: ServeJob, rel: TgiRelease) -> None:
-    """Refusals: layouts TGI cannot start."""
+    """Refusals: layouts TGI cannot start beyond the profile's own (``serve_common.profile_refusals``)."""
     p = job.plan
-    if job.disaggregated:
-        raise ExportError("TGI serves prefill and decode in one set of shards: it has no disaggregated deployment")
-    if p.pp > 1:
-        raise ExportError(f"pp={p.pp}: TGI shards by tensor parallelism only (--num-shard); it has no pipeline "
-                          "stages")
     if p.precision == "fp4":
         raise ExportError("fp4 weights: TGI's --quantize has no NVFP4 (awq, gptq, marlin, fp8, bitsandbytes...)")
     if replica_nodes(job.pools[0]) > 1:
