@@ -157,3 +157,29 @@ def test_the_cli_refuses_a_layout_the_engine_cannot_run_in_one_line(flag, value)
             "--output-len", "100", flag, value]
     got = subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True, timeout=120)
     assert got.returncode == 2 and got.stderr.count("\n") == 1 and flag in got.stderr and "tgi" in got.stderr
+
+
+def test_fastgen_holds_at_most_its_max_context_per_sequence():
+    """DeepSpeed inference v2 sizes its KV metadata for 8192 tokens per sequence (DSStateManagerConfig
+    max_context), whatever the model's context: a longer request is a one-line error naming the limit; one that
+    fits is planned."""
+    assert catalog.engine("fastgen").max_context == 8192 and catalog.engine("vllm").max_context == 0
+    base = dict(model=catalog.model("llama3.1-8b"), cluster=catalog.cluster("1xh100-sxm"),
+                engine=catalog.engine("fastgen"), slo=Slo(), constants=load_constants())
+    with pytest.raises(SpecError, match="8,192 tokens one sequence of fastgen holds"):
+        ServeRequest(**base, work=Workload(input_len=8000, output_len=500, concurrency=4))
+    ok = ServeRequest(**base, work=Workload(input_len=7000, output_len=1192, concurrency=4))
+    assert search(ok).candidates
+    # vLLM takes the model's 131,072-token context: the same long request is planned
+    assert search(ServeRequest(**{**base, "engine": catalog.engine("vllm")},
+                               work=Workload(input_len=8000, output_len=500, concurrency=4))).candidates
+
+
+def test_cli_refuses_a_request_beyond_fastgen_max_context():
+    import subprocess
+    import sys
+
+    args = ["serve", "--model", "llama3.1-8b", "--gpus", "1xh100-sxm", "--engine", "fastgen", "--input-len", "9000",
+            "--output-len", "100"]
+    got = subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 2 and got.stderr.count("\n") == 1 and "max_context" in got.stderr

@@ -191,8 +191,14 @@ def context_len(job: ServeJob) -> int:
     if trained and need > trained:
         raise ExportError(f"{job.work.input_len}+{job.work.output_len} tokens per request exceed {job.model.name}'s "
                           f"trained context of {trained}: no engine starts with a longer max length")
+    cap = job.engine.max_context
+    if cap and need > cap:
+        why = job.engine.sources.get("max_context", "max_context")
+        raise ExportError(f"{job.work.input_len}+{job.work.output_len} tokens per request exceed the {cap} one "
+                          f"sequence of engine profile {job.engine.name} holds: {why}")
     rounded = -(-need // CONTEXT_ROUND) * CONTEXT_ROUND
-    return min(rounded, trained) if trained else rounded
+    limit = min(x for x in (trained, cap) if x) if (trained or cap) else 0
+    return min(rounded, limit) if limit else rounded
 
 
 def num_prompts(work: Workload) -> int:

@@ -82,6 +82,10 @@ class ServeRequest:
             raise SpecError("--disagg", "only", f"{self.engine.name} serves prefill and decode in one engine (no "
                             "disaggregated deployment); use --disagg off, or an engine Dynamo runs (vllm, sglang, "
                             "trtllm)")
+        if self.engine.max_context and self.work.longest > self.engine.max_context:
+            raise SpecError("--input-len + --output-len", self.work.longest, f"exceeds the {self.engine.max_context:,} "
+                            f"tokens one sequence of {self.engine.name} holds (max_context); shorten the requests "
+                            "or use an engine that takes the model's context (vllm, sglang, trtllm)")
         if not self.cluster.homogeneous:
             raise SpecError("gpus", self.cluster.describe(), "serving plans one GPU type; give one pool, e.g. "
                             f"{self.cluster.pools[0].n_gpus}x{self.cluster.pools[0].gpu.name}")

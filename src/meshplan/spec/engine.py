@@ -101,6 +101,9 @@ class EngineProfile:
     """Largest pipeline degree the overlap scheduler runs with (SGLang turns it off beyond 1); 0 = any."""
     max_pp: int = 0
     """Largest pipeline degree the engine runs (TGI and LMDeploy shard by tensor parallelism only: 1); 0 = any."""
+    max_context: int = 0
+    """Most tokens one sequence may hold, prompt plus output, whatever the model was trained to (DeepSpeed inference
+    v2's ``max_context``, which sizes its KV metadata); 0 = the model's own context."""
     disaggregation: bool = True
     """The engine runs prefill and decode on separate pools with a KV transfer between them (Dynamo's vLLM, SGLang
     and TensorRT-LLM backends); False: only aggregated deployments are planned for it."""
@@ -126,7 +129,7 @@ class EngineProfile:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SpecError(f"engine.{name}", v, "must be an integer >= 1")
         if (self.cuda_graph_max_batch < 0 or self.custom_allreduce_bytes < 0 or self.runtime_reserve_gib < 0
-                or self.overlap_max_pp < 0 or self.max_pp < 0):
+                or self.overlap_max_pp < 0 or self.max_pp < 0 or self.max_context < 0):
             raise SpecError(f"engine {self.name}", "negative size", "sizes must be >= 0")
 
     def overlaps_host(self, pp: int) -> bool:
