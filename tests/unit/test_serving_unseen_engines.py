@@ -183,3 +183,16 @@ def test_cli_refuses_a_request_beyond_fastgen_max_context():
             "--output-len", "100"]
     got = subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True, timeout=120)
     assert got.returncode == 2 and got.stderr.count("\n") == 1 and "max_context" in got.stderr
+
+
+def test_tgi_reads_config_intermediate_size_for_moe_models():
+    """TGI's Config takes config.json's intermediate_size: DeepSeek-V3's is its 3 dense layers' 18432 (not the
+    experts' 2048), Qwen3-30B-A3B's 6144 and Mixtral's 14336; its FLOPs per token then count 6 x hidden x that x
+    (experts per token + shared), by hand for DeepSeek-V3's 61 layers."""
+    from meshplan.cost.serve_sizing import _tgi_ffn, _tgi_flop_per_token
+
+    assert _tgi_ffn(catalog.model("deepseek-v3")) == (18432, 9, 256)
+    assert _tgi_ffn(catalog.model("qwen3-30b-a3b"))[0] == 6144
+    assert _tgi_ffn(catalog.model("mixtral-8x7b")) == (14336, 2, 8)
+    per_layer = 2 * (3 * 128 + 2 * 128) * 128 * 7168 + 6 * 7168 * 18432 * 9
+    assert _tgi_flop_per_token(catalog.model("deepseek-v3")) == per_layer * 61

@@ -90,10 +90,16 @@ TGI_WIGGLE_ROOM = 0.90
 
 def _tgi_ffn(model: ModelSpec) -> tuple[int, int, int]:
     """(intermediate_size, experts per token + shared experts, experts) as TGI's ``Config`` reads them (1, 0, 1
-    for a dense model); meshplan's MoE layer holds the expert width where DeepSeek's config names its dense FFN."""
+    for a dense model). TGI reads config.json's ``intermediate_size``: for a MoE model with dense first layers
+    (DeepSeek-V3: first_k_dense_replace 3, intermediate_size 18432, moe_intermediate_size 2048) that is the dense
+    layers' width, which meshplan keeps on their own block, not the experts' width."""
     layer = model.decoder
     moe = layer.moe
-    return (layer.ffn_hidden, moe.top_k + moe.n_shared_experts, moe.n_experts) if moe else (layer.ffn_hidden, 1, 1)
+    if moe is None:
+        return layer.ffn_hidden, 1, 1
+    dense = [b.layer.ffn_hidden for b in model.blocks
+             if b.layer.moe is None and b.layer.hidden == layer.hidden and b.layer.attention == layer.attention]
+    return (dense[0] if dense else layer.ffn_hidden), moe.top_k + moe.n_shared_experts, moe.n_experts
 
 
 def _tgi_flop_per_token(model: ModelSpec) -> float:
