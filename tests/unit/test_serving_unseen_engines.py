@@ -108,6 +108,23 @@ def test_the_search_stays_inside_what_tgi_runs():
         ServeRequest(**base, disagg="only")
 
 
+def test_the_search_tries_no_running_cap_tgi_3_ignores():
+    """TGI 3 ignores --max-batch-size under prefill chunking (seq_cap_settable = false): the search keeps the
+    profile's cap and a pinned one is a one-line error; TGI 2 honours the flag, so lower caps are tried there."""
+    from meshplan.search.serve import engine_options
+
+    base = dict(model=catalog.model("llama3.1-70b"), cluster=catalog.cluster("8xh100-sxm"), work=WORK, slo=Slo(),
+                constants=load_constants())
+    tgi3 = ServeRequest(**base, engine=catalog.engine("tgi"))
+    assert engine_options(tgi3) == [catalog.engine("tgi")]
+    assert all(c.seq_cap == 0 for c in search(tgi3).candidates)
+    with pytest.raises(SpecError, match="--max-num-seqs.*backend.rs"):
+        ServeRequest(**base, engine=catalog.engine("tgi"), max_num_seqs=8)
+    heavy = {**base, "work": Workload(input_len=1000, output_len=1000, concurrency=512)}
+    assert len(engine_options(ServeRequest(**heavy, engine=catalog.engine("tgi-2")))) > 1
+    assert len(engine_options(ServeRequest(**heavy, engine=catalog.engine("tgi")))) == 1
+
+
 def test_export_of_an_engine_without_an_exporter_is_refused_before_the_search(tmp_path):
     """The runtime's own decoder has no launch to write: one line naming the exporters, exit 2, nothing written."""
     import subprocess

@@ -78,6 +78,10 @@ class ServeRequest:
             raise SpecError("--pp", self.pp, f"{self.engine.name} runs at most {self.engine.max_pp} pipeline "
                             f"stage(s); use --pp {self.engine.max_pp} or leave it unset, or an engine with pipeline "
                             "parallelism (vllm, sglang, trtllm)")
+        if self.max_num_seqs and not self.engine.seq_cap_settable:
+            raise SpecError("--max-num-seqs", self.max_num_seqs, f"{self.engine.name} takes no running-sequence cap "
+                            f"({self.engine.sources.get('seq_cap_settable', 'seq_cap_settable = false')}); leave it "
+                            "unset, or use an engine that takes one (tgi-2, vllm, sglang, trtllm)")
         if self.disagg == "only" and not self.engine.disaggregation:
             raise SpecError("--disagg", "only", f"{self.engine.name} serves prefill and decode in one engine (no "
                             "disaggregated deployment); use --disagg off, or an engine Dynamo runs (vllm, sglang, "
@@ -207,6 +211,8 @@ def engine_options(req: ServeRequest) -> list[EngineProfile]:
     """The engine as profiled, and with lower running-sequence caps (a pinned cap is the only one)."""
     if req.max_num_seqs:
         return [replace(req.engine, max_num_seqs=req.max_num_seqs)]
+    if not req.engine.seq_cap_settable:
+        return [req.engine]
     caps = [c for c in SEQ_CAPS if c < req.engine.max_num_seqs]
     if req.work.concurrency:
         caps = [c for c in caps if c < req.work.concurrency]  # a cap above the load changes nothing

@@ -101,6 +101,10 @@ class EngineProfile:
     """Largest pipeline degree the overlap scheduler runs with (SGLang turns it off beyond 1); 0 = any."""
     max_pp: int = 0
     """Largest pipeline degree the engine runs (TGI and LMDeploy shard by tensor parallelism only: 1); 0 = any."""
+    seq_cap_settable: bool = True
+    """A launch flag caps the running sequences below ``max_num_seqs`` (vLLM ``--max-num-seqs``, TGI 2
+    ``--max-batch-size``); False where the engine ignores it (TGI 3 under prefill chunking), so the search does not
+    try lower caps it could not deploy."""
     max_context: int = 0
     """Most tokens one sequence may hold, prompt plus output, whatever the model was trained to (DeepSpeed inference
     v2's ``max_context``, which sizes its KV metadata); 0 = the model's own context."""
