@@ -395,3 +395,23 @@ def test_every_inference_metric_is_predicted_by_its_definition():
     assert pred.metric("total_tokens_per_s") == pytest.approx(pred.requests_per_s * 1200)
     assert pred.metric("output_tokens_per_s") == pytest.approx(pred.requests_per_s * 200)
     assert all(pred.metric(m) > 0 for m in METRICS)
+
+
+def test_mi325x_is_the_mi300x_compute_with_more_and_faster_hbm():
+    """AMD's datasheets: the same CDNA 3 peaks, 256 GB at 6.0 TB/s against 192 GiB at 5.3; a 70B decode step on it
+    is shorter by at most the bandwidth ratio, and its KV cache is larger."""
+    from meshplan.calibrate.serve_constants import load_constants
+    from meshplan.cost.serve_load import kv_capacity_tokens, predict_load
+    from meshplan.cost.serve_step import step_context
+    from meshplan.spec.serving import ServePlan, Workload
+
+    a, b = catalog.gpu("mi300x"), catalog.gpu("mi325x")
+    assert a.peak == b.peak and a.generation == b.generation == "cdna3"
+    assert b.hbm_bytes == pytest.approx(256e9) and b.hbm_bandwidth / a.hbm_bandwidth == pytest.approx(6.0 / 5.3)
+    model, work, consts = catalog.model("llama3.1-70b"), Workload(input_len=1000, output_len=1000, concurrency=8), \
+        load_constants()
+    ctx = {g: step_context(model, catalog.cluster(f"1x{g}").pools[0], ServePlan(), catalog.engine("vllm"), consts)
+           for g in ("mi300x", "mi325x")}
+    assert kv_capacity_tokens(ctx["mi325x"]) > kv_capacity_tokens(ctx["mi300x"])
+    tpot = {g: predict_load(c, work).tpot for g, c in ctx.items()}
+    assert 5.3 / 6.0 * 0.99 < tpot["mi325x"] / tpot["mi300x"] < 1.0
