@@ -203,13 +203,16 @@ def test_cli_refuses_a_request_beyond_fastgen_max_context():
 
 
 def test_tgi_reads_config_intermediate_size_for_moe_models():
-    """TGI's Config takes config.json's intermediate_size: DeepSeek-V3's is its 3 dense layers' 18432 (not the
-    experts' 2048), Qwen3-30B-A3B's 6144 and Mixtral's 14336; its FLOPs per token then count 6 x hidden x that x
-    (experts per token + shared), by hand for DeepSeek-V3's 61 layers."""
-    from meshplan.cost.serve_sizing import _tgi_ffn, _tgi_flop_per_token
+    """TGI's Config (tgi@v3.3.7 launcher/src/main.rs) takes config.json's intermediate_size, num_experts_per_tok,
+    n_shared_experts, num_local_experts and head_dim (else hidden / heads): DeepSeek-V3 reads 18432 (its dense
+    layers, not the experts' 2048), 8 + 1 experts per token, 1 expert (its count is n_routed_experts) and head_dim
+    56 (MLA configs carry none); Qwen3-30B-A3B 6144 and 1 expert (num_experts); Mixtral 14336 and 8. FLOPs per token
+    by hand for DeepSeek-V3's 61 layers."""
+    from meshplan.cost.serve_sizing import _tgi_ffn, _tgi_flop_per_token, _tgi_head_dim
 
-    assert _tgi_ffn(catalog.model("deepseek-v3")) == (18432, 9, 256)
-    assert _tgi_ffn(catalog.model("qwen3-30b-a3b"))[0] == 6144
+    assert _tgi_ffn(catalog.model("deepseek-v3")) == (18432, 9, 1) and _tgi_head_dim(catalog.model("deepseek-v3")) == 56
+    assert _tgi_ffn(catalog.model("qwen3-30b-a3b")) == (6144, 8, 1)
     assert _tgi_ffn(catalog.model("mixtral-8x7b")) == (14336, 2, 8)
-    per_layer = 2 * (3 * 128 + 2 * 128) * 128 * 7168 + 6 * 7168 * 18432 * 9
+    assert _tgi_head_dim(catalog.model("qwen3-32b")) == 128  # its config's head_dim, not 5120 / 64
+    per_layer = 2 * (3 * 128 + 2 * 128) * 56 * 7168 + 6 * 7168 * 18432 * 9
     assert _tgi_flop_per_token(catalog.model("deepseek-v3")) == per_layer * 61

@@ -88,18 +88,34 @@ TGI_WIGGLE_ROOM = 0.90
 --cuda-memory-fraction times it."""
 
 
+TGI_LOCAL_EXPERTS_FAMILIES = frozenset({"mixtral"})
+"""Model families whose config.json counts experts as ``num_local_experts``, the only key TGI reads
+(tgi@v3.3.7 launcher/src/main.rs RawConfig ``#[serde(rename = "num_local_experts")]``, unwrap_or(1)): Qwen3-MoE's
+``num_experts`` and DeepSeek-V3's ``n_routed_experts`` read as 1 expert."""
+
+
 def _tgi_ffn(model: ModelSpec) -> tuple[int, int, int]:
-    """(intermediate_size, experts per token + shared experts, experts) as TGI's ``Config`` reads them (1, 0, 1
-    for a dense model). TGI reads config.json's ``intermediate_size``: for a MoE model with dense first layers
-    (DeepSeek-V3: first_k_dense_replace 3, intermediate_size 18432, moe_intermediate_size 2048) that is the dense
-    layers' width, which meshplan keeps on their own block, not the experts' width."""
+    """(intermediate_size, experts per token + shared experts, experts) as TGI's ``Config`` reads config.json
+    (1, 0, 1 for a dense model): ``num_experts_per_tok``, ``n_shared_experts`` and ``num_local_experts``
+    (``TGI_LOCAL_EXPERTS_FAMILIES``). ``intermediate_size`` is, for a MoE model with dense first layers (DeepSeek-V3:
+    first_k_dense_replace 3, intermediate_size 18432, moe_intermediate_size 2048), the dense layers' width, which
+    meshplan keeps on their own block, not the experts' width."""
     layer = model.decoder
     moe = layer.moe
     if moe is None:
         return layer.ffn_hidden, 1, 1
     dense = [b.layer.ffn_hidden for b in model.blocks
              if b.layer.moe is None and b.layer.hidden == layer.hidden and b.layer.attention == layer.attention]
-    return (dense[0] if dense else layer.ffn_hidden), moe.top_k + moe.n_shared_experts, moe.n_experts
+    experts = moe.n_experts if model.family in TGI_LOCAL_EXPERTS_FAMILIES else 1
+    return (dense[0] if dense else layer.ffn_hidden), moe.top_k + moe.n_shared_experts, experts
+
+
+def _tgi_head_dim(model: ModelSpec) -> int:
+    """TGI's ``get_head_dim``: config.json's ``head_dim``, else hidden / heads (tgi@v3.3.7 launcher/src/main.rs
+    ``From<RawConfig>``). MLA configs carry no ``head_dim`` (DeepSeek-V3: qk_nope_head_dim 128, v_head_dim 128), so
+    TGI reads 7168 / 128 = 56 there; elsewhere the catalog's head_dim is the config's."""
+    att = model.decoder.attention
+    return model.decoder.hidden // att.n_heads if att.kind == "mla" else att.head_dim
 
 
 def _tgi_flop_per_token(model: ModelSpec) -> float:
@@ -108,7 +124,7 @@ def _tgi_flop_per_token(model: ModelSpec) -> float:
     layer = model.decoder
     att = layer.attention
     ffn, active, _ = _tgi_ffn(model)
-    attn = 2 * (3 * att.n_heads + 2 * att.n_kv_heads) * att.head_dim * layer.hidden
+    attn = 2 * (3 * att.n_heads + 2 * att.n_kv_heads) * _tgi_head_dim(model) * layer.hidden
     return float((attn + 6 * layer.hidden * ffn * active) * model.n_layers)
 
 
@@ -125,10 +141,11 @@ def _tgi_vram_tokens(engine: EngineProfile, model: ModelSpec, plan: ServePlan, p
     avail = 0.95 * pool.gpu.hbm_bytes * plan.tp * fraction  # nvidia-smi's total: CUDA's, 0.6 % below, here
     # model_vram: (heads + 2 kv heads) x head_dim + heads x head_dim x hidden + 3 x ffn x experts x hidden per
     # layer, plus two vocab tables, in 16 bits
-    params = ((att.n_heads + 2 * att.n_kv_heads) * att.head_dim + att.n_heads * att.head_dim * layer.hidden
+    hd = _tgi_head_dim(model)
+    params = ((att.n_heads + 2 * att.n_kv_heads) * hd + att.n_heads * hd * layer.hidden
               + 3 * ffn * experts * layer.hidden) * model.n_layers + 2 * layer.hidden * model.vocab
     # token_vram: 16-bit K and V of every layer plus (ffn + ffn / 2) x experts x 2 B x 3 of MLP intermediates
-    per_token = att.n_kv_heads * 2 * att.head_dim * 2 * model.n_layers + (ffn + ffn // 2) * experts * 2 * 3
+    per_token = att.n_kv_heads * 2 * hd * 2 * model.n_layers + (ffn + ffn // 2) * experts * 2 * 3
     left = avail - 2 * params
     return int(left // per_token) if left > 0 else None
 
