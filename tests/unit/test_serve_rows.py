@@ -46,7 +46,7 @@ def test_a_named_dataset_gives_its_mean_lengths():
     share = catalog.dataset("sharegpt")
     assert (w.input_len, w.output_len, w.concurrency) == (share.input_mean, share.output_mean, 8)
     with pytest.raises(SpecError, match="sharegpt"):
-        row_workload(row(input_len="OpenOrca (variable)", concurrency="8"))
+        row_workload(row(input_len="LMSYS-Chat (variable)", concurrency="8"))
 
 
 def ctx_of(engine="sglang", **kw):

@@ -11,14 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshplan import catalog
+from meshplan.cost.serve_capacity import sustainable_rate
 from meshplan.cost.serve_load import ServePrediction, fit_check, predict_load
-from meshplan.cost.serve_sizing import sized_engine
+from meshplan.cost.serve_sizing import sized_engine, with_cap
 from meshplan.cost.serve_step import step_context
 from meshplan.cost.serve_tail import quantile
 from meshplan.errors import MeshplanError, SpecError
 from meshplan.spec.engine import EngineProfile
 from meshplan.spec.model import ModelSpec
-from meshplan.spec.serving import ServePlan, Workload
+from meshplan.spec.serving import Scenario, ServePlan, Workload
 
 REQUIRED = ("id", "model_key", "gpu_key", "tp", "precision", "framework", "input_len", "output_len", "concurrency",
             "metric", "value")
@@ -119,11 +120,34 @@ NOTES_RATE = re.compile(r"request rate (\d+(?:\.\d+)?|inf)\b|(\d+(?:\.\d+)?)\s*(
 """Where ``concurrency`` is empty, INFERENCE.md puts an open loop's rate in ``notes`` ("request rate 4/s")."""
 
 
-def row_load(row: dict) -> dict:
-    """The load of a row: closed loop (a number of clients), offline (``max``, ``offline``, ``inf``), or an open
-    loop (a rate with its unit in ``concurrency``, or, when that is empty, the rate the notes state)."""
+SCENARIOS = ("server", "interactive")
+"""``concurrency`` values that name a benchmark's latency-bound scenario ("server (Poisson)"): the rate is the
+highest its dataset's constraints allow (``Dataset.scenarios``)."""
+
+
+def row_scenario(row: dict) -> Scenario | None:
+    """The latency-bound scenario a row's ``concurrency`` names, with its dataset's constraints, or None."""
     conc = (row.get("concurrency") or "").strip().lower()
-    if conc.startswith(OFFLINE):
+    name = next((s for s in SCENARIOS if conc.startswith(s)), "")
+    if not name:
+        return None
+    named = catalog.dataset_for(row.get("input_len") or "")
+    if named is None or not named.scenarios:
+        with_scenarios = [d for d in catalog.dataset_names() if catalog.dataset(d).scenarios]
+        raise SpecError(f"{row['id']}.concurrency", conc, "a benchmark scenario needs a dataset that defines its "
+                        f"latency constraints ({', '.join(with_scenarios) or 'none in the catalog'})")
+    try:
+        return named.scenario(name)
+    except SpecError as exc:
+        raise SpecError(f"{row['id']}.concurrency", conc, exc.expected) from None
+
+
+def row_load(row: dict) -> dict:
+    """The load of a row: closed loop (a number of clients), offline (``max``, ``offline``, ``inf``), an open
+    loop (a rate with its unit in ``concurrency``, or, when that is empty, the rate the notes state), or a
+    benchmark scenario (its rate is found later: the load here is offline)."""
+    conc = (row.get("concurrency") or "").strip().lower()
+    if conc.startswith(OFFLINE) or conc.startswith(SCENARIOS):
         return {}
     if conc.isdigit():
         return {"concurrency": int(conc)}
@@ -185,11 +209,22 @@ def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
     if engine.max_pp and plan.pp > engine.max_pp:
         raise SpecError(f"{row['id']}.pp", plan.pp, f"{engine.name} runs at most {engine.max_pp} pipeline stage(s)")
     engine = sized_engine(engine, model, plan, cluster.pools[0], work)
+    if (row.get("batch") or "").strip():  # the source's running-batch cap (MLPerf gpu_batch_size) is pinned
+        engine = with_cap(engine, _int(row, "batch"))
     ctx = step_context(model, cluster.pools[0], plan, engine, constants)
     oom = fit_check(ctx, work)
     if oom is not None:
         return None, oom.reason
-    pred = predict_load(ctx, work, replicas=plan.replicas)
+    scenario = row_scenario(row)
+    if scenario is None:
+        pred = predict_load(ctx, work, replicas=plan.replicas)
+    else:
+        cap = sustainable_rate(ctx, work, replicas=plan.replicas, ttft=scenario.ttft, tpot=scenario.tpot,
+                               q=scenario.percentile)
+        if cap.prediction is None:
+            return None, (f"no rate meets the {scenario.name} scenario's p{100 * scenario.percentile:g} "
+                          f"TTFT {1e3 * scenario.ttft:g} ms / TPOT {1e3 * scenario.tpot:g} ms")
+        pred = cap.prediction
     measured = float(row["value"])
     if not measured > 0:
         raise SpecError(f"{row['id']}.value", row["value"], "must be a positive measurement")

@@ -63,6 +63,10 @@ class ServePrediction:
     """Extra time of a decode step that carries a prefill (or a prefill chunk)."""
     stall_share: float = 0.0
     """Share of decode steps that carry one."""
+    tpot_spread: tuple[tuple[float, float], ...] = ()
+    """(standard deviation of one request's TPOT, probability) per output length: under Poisson arrivals the
+    prompt tokens joining each decode step vary, and a request averages that over its own output (empty =
+    every request's TPOT is the mean)."""
     kv_transfer: float = 0.0
     """Prefill-to-decode KV-cache transfer of one request (disaggregated serving)."""
     gpus: int = 0
@@ -203,7 +207,23 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
         resident=resident, kv_capacity_tokens=kv_capacity_tokens(ctx),
         kv_occupancy=min(resident * kv_need(ctx, work) / max(kv_capacity_tokens(ctx), 1), 1.0), limited_by=limit,
         decode_step=t_d, prefill=t_p, wait_fixed=fixed, wait_prob=prob, stall=stall, stall_share=share,
+        tpot_spread=tpot_spread(ctx, work, x_req=x_req, gap=tpot) if work.rate else (),
         gpus=replicas * ctx.plan.gpus_per_replica)
+
+
+def tpot_spread(ctx: StepContext, work: Workload, *, x_req: float, gap: float) -> tuple[tuple[float, float], ...]:
+    """Per output length, the standard deviation of a request's TPOT under Poisson arrivals. In-flight batching
+    puts each arrival's prompt into the next engine step (Orca, Yu et al. OSDI 2022), so the prompt tokens a step
+    carries are compound Poisson: variance lambda t E[L^2] over the prompt lengths L, for ``x_req`` arrivals per
+    second and a step of ``gap`` s. Each extra prompt token costs the marginal prefill time of a token (the step's
+    weights are read anyway); a request's TPOT averages O - 1 independent gaps."""
+    if gap <= 0 or x_req <= 0:
+        return ()
+    bins = work.bins("input")
+    mean_len = max(int(round(sum(p * n for n, p in bins))), 1)
+    per_token = max(prefill_time(ctx, tokens=mean_len, prompts=2) - prefill_time(ctx, tokens=mean_len), 0.0) / mean_len
+    gap_sd = per_token * (x_req * gap * sum(p * n * n for n, p in bins)) ** 0.5
+    return tuple((gap_sd / max(o - 1, 1) ** 0.5, p) for o, p in work.bins("output"))
 
 
 def mean_prefill(ctx: StepContext, work: Workload, prompts: int = 1) -> float:

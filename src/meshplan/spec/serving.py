@@ -145,6 +145,30 @@ def workload_from_hist(inputs: tuple[tuple[int, float], ...], outputs: tuple[tup
 
 
 @dataclass(frozen=True, kw_only=True)
+class Scenario:
+    """A benchmark scenario that runs Poisson arrivals at the highest rate whose latency percentiles stay within
+    its constraints (MLPerf Inference Server: the submitter raises the target QPS until p99 TTFT or TPOT fails)."""
+
+    name: str
+    ttft: float
+    """TTFT bound (s) at ``percentile``."""
+    tpot: float
+    """TPOT bound (s) at ``percentile``."""
+    percentile: float = 0.99
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("ttft", "tpot"):
+            v = getattr(self, key)
+            if not isinstance(v, (int, float)) or not v > 0:
+                raise SpecError(f"scenario[{self.name}].{key}", v, "must be a time > 0 (s)")
+        if not 0 < self.percentile < 1:
+            raise SpecError(f"scenario[{self.name}].percentile", self.percentile, "must be between 0 and 1")
+        if not self.source:
+            raise SpecError(f"scenario[{self.name}].source", "", "every scenario must cite its constraints")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Dataset:
     """A benchmark's prompt set as its harness samples it (``catalog/datasets``): the lengths a row or a command
     names by the dataset's name instead of numbers."""
@@ -161,12 +185,22 @@ class Dataset:
     output_hist: tuple[tuple[int, float], ...] = ()
     source: str = ""
     """Where the lengths come from."""
+    scenarios: tuple[Scenario, ...] = ()
+    """The benchmark's latency-bound scenarios on this dataset (MLPerf Server, Interactive)."""
 
     def __post_init__(self) -> None:
         _int(f"dataset[{self.name}].input_mean", self.input_mean, 1)
         _int(f"dataset[{self.name}].output_mean", self.output_mean, 1)
         if not self.source:
             raise SpecError(f"dataset[{self.name}].source", "", "every dataset must cite where its lengths come from")
+
+    def scenario(self, name: str) -> Scenario:
+        """The scenario called ``name`` (``server``, ``interactive``)."""
+        for s in self.scenarios:
+            if s.name == name:
+                return s
+        known = ", ".join(s.name for s in self.scenarios) or "none"
+        raise SpecError(f"dataset[{self.name}].scenario", name, f"must be one this benchmark defines ({known})")
 
     def bins(self, which: str) -> tuple[tuple[int, float], ...]:
         """(length, weight) bins of ``input`` or ``output`` lengths; one bin at the mean when only it is known."""
@@ -180,7 +214,7 @@ class Dataset:
 
 def dataset_from_dict(d: dict, where: str) -> Dataset:
     """A dataset from its TOML table."""
-    allowed = {"name", "matches", "input_mean", "output_mean", "input_hist", "output_hist", "source"}
+    allowed = {"name", "matches", "input_mean", "output_mean", "input_hist", "output_hist", "source", "scenarios"}
     bad = sorted(set(d) - allowed)
     if bad:
         raise SpecError(where, bad, f"unknown dataset fields; known: {', '.join(sorted(allowed))}")
@@ -188,7 +222,21 @@ def dataset_from_dict(d: dict, where: str) -> Dataset:
     kw["matches"] = tuple(str(m).lower() for m in d.get("matches", ()))
     for side in ("input_hist", "output_hist"):
         kw[side] = tuple((int(n), float(w)) for n, w in d.get(side, ()))
+    scen = d.get("scenarios", {})
+    kw["scenarios"] = tuple(_scenario(name, t, f"{where}.scenarios.{name}") for name, t in scen.items())
     try:
         return Dataset(**kw)
     except TypeError as exc:
         raise SpecError(where, d.get("name"), str(exc)) from None
+
+
+def _scenario(name: str, t: dict, where: str) -> Scenario:
+    """A scenario from its TOML table (``ttft_ms``, ``tpot_ms``, ``percentile``, ``source``)."""
+    bad = sorted(set(t) - {"ttft_ms", "tpot_ms", "percentile", "source"})
+    if bad:
+        raise SpecError(where, bad, "unknown scenario fields; known: percentile, source, tpot_ms, ttft_ms")
+    try:
+        return Scenario(name=name, ttft=float(t["ttft_ms"]) / 1e3, tpot=float(t["tpot_ms"]) / 1e3,
+                        percentile=float(t.get("percentile", 0.99)), source=str(t.get("source", "")))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SpecError(where, t, f"needs ttft_ms and tpot_ms as numbers ({exc})") from None
