@@ -311,3 +311,18 @@ def test_a_benchmark_sized_engine_runs_as_built_and_a_pinned_cap_stays():
         assert c.engine.max_num_seqs == (min(c.seq_cap, built.max_num_seqs) if c.seq_cap else built.max_num_seqs)
     pinned = search(replace(req, max_num_seqs=4000, tp=8))
     assert {c.engine.max_num_seqs for c in pinned.candidates} == {4000}
+
+
+def test_the_winner_says_what_its_exported_benchmark_should_report():
+    """A closed loop's winner carries the replay of bench.sh (10 requests per client, all clients starting
+    together); its tokens/s agree with the steady state, its TTFT is higher: 64 clients of 1000-token prompts fill
+    vLLM's 8,192-token budget in groups of eight, each sharing one prefill. An offline request has no such run."""
+    res = search(_request())
+    why = explain(res)
+    b = why.benchmark
+    assert b["requests"] == 640 and b["clients"] == 64
+    assert b["output_tokens_per_s"] == pytest.approx(res.best.pred.output_tokens_per_s, rel=0.10)
+    assert b["ttft_ms"] > 2 * 1e3 * res.best.pred.ttft
+    assert any("exported benchmark" in line and "stay in step" in line for line in why.limits)
+    offline = explain(search(_request(work=replace(WORK, concurrency=0), slo=Slo())))
+    assert offline.benchmark == {}

@@ -26,8 +26,9 @@ def test_no_row_that_ran_is_called_out_of_memory(report):
 
 def test_decode_and_throughput_errors(report):
     s = report.summary()
-    # Measured at the shipped constants: ITL MAPE 5.0 % (median 4.4 %), throughput 5.6 %, TPOT 7.3 % (README,
-    # stop 31; stop 29: 5.2 %, 6.7 %, 10.7 %). Bounds at issue #14's 10 %, TPOT's with room for its 8 rows.
+    # Measured at the shipped constants: ITL MAPE 4.9 % (median 4.1 %), throughput 5.8 %, TPOT 11.3 % (README,
+    # stop 37: the 12 MLPerf rows in, two of them TPOT at 24.8 %; stop 31 without them: 5.0 %, 5.6 %, 7.3 %).
+    # Bounds at issue #14's 10 %, TPOT's with room for its 10 rows.
     assert s["itl_ms"]["mape_pct"] < 10 and s["itl_ms"]["median_ape_pct"] < 8
     assert s["output_tokens_per_s"]["mape_pct"] < 10
     assert s["tpot_ms"]["mape_pct"] < 12
@@ -35,11 +36,19 @@ def test_decode_and_throughput_errors(report):
 
 
 def test_queue_dominated_ttft_within_twice(report):
-    """Where TTFT is mostly waiting for the cache, the wait is within 2x on all but a few rows (measured: 17 of 19;
-    the two outside are NIM 70B TP2 at the cache's edge, 0.47-0.50x)."""
+    """Where TTFT is mostly waiting for the cache, the wait is within 2x (issue #14; measured: all 19, since the
+    closed loops replay the benchmark run, MAPE 14.4 %; 17 of 19 with the analytic steady state alone)."""
     q = [r for r in report.rows if r.metric == "ttft_ms" and r.queue_dominated]
     inside = [r for r in q if 0.5 <= r.predicted / r.measured <= 2]
-    assert len(q) >= 15 and len(inside) >= len(q) - 3
+    assert len(q) >= 15 and len(inside) == len(q)
+
+
+def test_ttft_under_concurrency(report):
+    """TTFT that is not mostly waiting for the cache, concurrency and open loops included: median error 33 % (the
+    analytic steady state alone, whose arrivals are spread in time: 61 %). Issue #14's 20 % MAPE is not met; the
+    bound is a regression gate."""
+    ape = sorted(abs(r.error_pct) for r in report.rows if r.metric == "ttft_ms" and not r.queue_dominated)
+    assert len(ape) >= 90 and ape[len(ape) // 2] < 45
 
 
 def test_single_client_ttft(report):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 
 from meshplan import catalog
 from meshplan.export.base import ExportError
-from meshplan.spec.engine import EngineProfile
+from meshplan.spec.engine import CLOSED_LOOP_ROUNDS, EngineProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.serving import ServePlan, Workload
 
@@ -207,7 +207,7 @@ def num_prompts(work: Workload) -> int:
     and the benchmark clients' own default of 1000 offline (vllm bench serve and sglang.bench_serving
     ``--num-prompts`` default 1000)."""
     if work.concurrency:
-        return 10 * work.concurrency
+        return CLOSED_LOOP_ROUNDS * work.concurrency
     if work.rate:
         return max(100, math.ceil(60 * work.rate))
     return 1000

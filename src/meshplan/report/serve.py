@@ -71,7 +71,7 @@ def result_json(result: ServeResult, why: Explanation, top: int) -> dict:
             "pareto": [candidate_row(result, c) for c in result.pareto()],
             "explanation": {"token_time": dict(why.token_time), "limits": list(why.limits),
                             "runners_up": [{"layout": a, "why": b} for a, b in why.runners_up],
-                            "nearest": list(why.nearest)},
+                            "nearest": list(why.nearest), "benchmark": why.benchmark or None},
             "infeasible": [{"layout": a, "reason": b} for a, b in result.infeasible],
             "evaluated": len(result.candidates)}
 

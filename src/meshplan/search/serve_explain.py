@@ -4,10 +4,12 @@ an fp8 KV cache, more GPUs, or less load), each found by searching again, not gu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import statistics
+from dataclasses import dataclass, field, replace
 
 from meshplan.cost.serve_step import decode_breakdown, step_context
 from meshplan.search.serve import ServeCandidate, ServeRequest, ServeResult, search
+from meshplan.sim.serve_run import benchmark_run
 
 SHARES = (("weights", ("gemm", "head")), ("KV reads", ("attention",)), ("TP all-reduce", ("allreduce",)),
           ("elementwise", ("elementwise",)), ("host and launches", ("host", "launches", "dispatch")),
@@ -29,6 +31,8 @@ class Explanation:
     """(layout, why it loses) for the next candidates."""
     nearest: tuple[str, ...] = ()
     """When nothing meets the SLOs: why, and what would."""
+    benchmark: dict = field(default_factory=dict)
+    """A closed loop's winner: what its exported benchmark run should report (``sim.serve_run``), else empty."""
 
 
 def token_time(req: ServeRequest, c: ServeCandidate) -> list[tuple[str, float]]:
@@ -154,11 +158,39 @@ def _lower_load(req: ServeRequest) -> str:
     return ""
 
 
+GROUPED = 1.25
+"""A benchmark TTFT this many times the steady state's is said to come from clients kept in step."""
+
+
+def benchmark(req: ServeRequest, c: ServeCandidate) -> tuple[dict, str]:
+    """What the exported benchmark (bench.sh: ``client_rounds`` requests per client, all clients starting at once)
+    should report for an aggregated winner under a closed loop, replayed iteration by iteration, and a sentence
+    saying so; ({}, "") otherwise. Clients that start together with fixed lengths stay in step: each group the token
+    budget admits at once shares its prefill, which the steady state, whose arrivals are spread, does not see."""
+    if c.disaggregated or not req.work.concurrency:
+        return {}, ""
+    ctx = step_context(req.model, req.pool, replace(c.plan, replicas=1), c.engine, req.constants)
+    run = benchmark_run(ctx, req.work, replicas=c.plan.replicas)
+    got = {"requests": run.requests * c.plan.replicas, "clients": req.work.concurrency,
+           "ttft_ms": 1e3 * statistics.fmean(run.ttft), "tpot_ms": 1e3 * statistics.fmean(run.tpot or (0.0,)),
+           "itl_ms": 1e3 * run.mean_itl, "output_tokens_per_s": run.output_tokens_per_s * c.plan.replicas}
+    text = (f"the exported benchmark ({got['requests']:,} requests, {got['clients']} clients starting together) "
+            f"should report mean TTFT {got['ttft_ms']:,.0f} ms, TPOT {got['tpot_ms']:,.1f} ms, "
+            f"{got['output_tokens_per_s']:,.0f} output tokens/s (the run replayed step by step)")
+    if got["ttft_ms"] > GROUPED * 1e3 * c.pred.ttft:
+        text += (f"; its TTFT is above the steady state's {1e3 * c.pred.ttft:,.0f} ms because clients that start "
+                 f"together stay in step, each group the {c.engine.max_batched_tokens:,}-token budget admits "
+                 "sharing its prefill")
+    return got, text
+
+
 def explain(result: ServeResult) -> Explanation:
     """The explanation of a search result."""
     req = result.request
     best = result.best
     if best is None:
         return Explanation(token_time=(), limits=(), runners_up=(), nearest=tuple(nearest(result)))
-    return Explanation(token_time=tuple(token_time(req, best)), limits=tuple(limits(req, best)),
-                       runners_up=tuple(runners_up(result)))
+    bench, said = benchmark(req, best)
+    return Explanation(token_time=tuple(token_time(req, best)), limits=tuple(limits(req, best)) + ((said,) if said
+                                                                                                  else ()),
+                       runners_up=tuple(runners_up(result)), benchmark=bench)

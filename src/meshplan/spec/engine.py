@@ -21,6 +21,9 @@ ENGINES = tuple(FAMILY_NAMES)
 KV_FRACTION_OF = ("total", "free", "static")
 ADMISSIONS = ("lazy", "reserve")
 REPORTS = ("mean", "median")
+CLOSED_LOOP_ROUNDS = 10
+"""Requests per client of a closed-loop benchmark run: meshplan's exported bench.sh (``serve_common.num_prompts``)
+and InferenceX's harness (``num_prompts = 10 * conc``) send ten, so the steady state outweighs the start."""
 """Statistics a harness reports its latencies as (``EngineProfile.reports``)."""
 BUILD_SIZINGS = ("none", "trtllm-bench", "vllm-v0", "tgi-v3", "lmdeploy")
 """Rules the engine or its benchmark tool sizes its caps by before it runs, from the workload or the model
@@ -114,6 +117,14 @@ class EngineProfile:
     multi_step: int = 1
     """Decode steps scheduled per host round (vLLM ``--num-scheduler-steps``); streamed chunks carry that many
     tokens, so ITL is that many steps."""
+    client_rounds: int = CLOSED_LOOP_ROUNDS
+    """Requests each client of a closed-loop benchmark sends, all clients starting at once, every request counted
+    (``vllm bench serve`` / ``sglang.bench_serving`` with ``--num-prompts`` = this x ``--max-concurrency``:
+    meshplan's bench.sh, and InferenceX's harness)."""
+    client_warm: bool = False
+    """The benchmark reports a steady state, the run's start discarded (perf_analyzer under genai-perf measures
+    time windows until three in a row agree within 10 %), so the first requests, which start together, do not
+    count."""
     reports: str = "mean"
     """The statistic a harness profile's published latencies are: ``mean`` or ``median`` (over requests for
     TTFT, TPOT and end-to-end latency, over streamed gaps for ITL)."""
@@ -128,7 +139,7 @@ class EngineProfile:
         if not 0 < self.kv_memory_fraction <= 1:
             raise SpecError("engine.kv_memory_fraction", self.kv_memory_fraction, "must be in (0, 1]")
         for name in ("activation_tokens", "block_size", "max_num_seqs", "max_batched_tokens", "cuda_graph_step",
-                     "multi_step"):
+                     "multi_step", "client_rounds"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SpecError(f"engine.{name}", v, "must be an integer >= 1")
