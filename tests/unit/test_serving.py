@@ -415,3 +415,31 @@ def test_mi325x_is_the_mi300x_compute_with_more_and_faster_hbm():
     assert kv_capacity_tokens(ctx["mi325x"]) > kv_capacity_tokens(ctx["mi300x"])
     tpot = {g: predict_load(c, work).tpot for g, c in ctx.items()}
     assert 5.3 / 6.0 * 0.99 < tpot["mi325x"] / tpot["mi300x"] < 1.0
+
+
+def test_a_fused_moe_kernel_launches_once_for_every_expert():
+    """A decode step of 64 DeepSeek-V3 tokens touches 222 of 256 experts per layer (256 (1 - (1 - 8/256)^64)).
+    The engines run them in one fused kernel per GEMM (vLLM / SGLang fused_moe, TRT-LLM's MoE plugin), so the
+    step is bounded by reading their weights, not by 222 launch floors; the runtime's eager loop keeps one launch
+    per expert."""
+    from dataclasses import replace as _replace
+
+    from meshplan.calibrate.serve_constants import load_constants
+    from meshplan.cost.compute import gemm_time
+    from meshplan.cost.ops import Gemm
+    from meshplan.cost.serve_step import layer_parts
+
+    consts = load_constants()
+    pool = catalog.cluster("8xh200").pools[0]
+    model = catalog.model("deepseek-v3")
+    plan = ServePlan(tp=8, precision="fp8", kv_dtype="bf16", engine="sglang")
+    fused = step_context(model, pool, plan, catalog.engine("sglang"), consts)
+    eager = step_context(model, pool, plan, _replace(catalog.engine("sglang"), kernel_stack="meshplan"), consts)
+    layer = next(b.layer for b in model.blocks if b.layer.moe is not None)
+    a = layer_parts(fused, layer, tokens=64, seq=1500, kv_tokens=64 * 1500)["gemm"]
+    b = layer_parts(eager, layer, tokens=64, seq=1500, kv_tokens=64 * 1500)["gemm"]
+    launch = fused.calib.launch_s
+    assert b >= 2 * 200 * launch and a < b / 3  # two expert GEMMs of ~222 launch floors each, gone under fusion
+    g = Gemm(name="expert_fc1", m=2, n=256, k=7168, count=222, grouped=True)
+    assert gemm_time(_replace(g, launches=1), gpu=pool.gpu, calib=fused.calib, dtype="fp8") < 222 * launch
+    assert gemm_time(g, gpu=pool.gpu, calib=fused.calib, dtype="fp8") >= 222 * launch

@@ -42,7 +42,7 @@ def gemm_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float
     b = DTYPE_BYTES[use]
     w = DTYPE_BYTES[dtype] if dtype == "int4" and g.linear else b
     t_memory = g.count * (b * (g.m * g.k + g.m * g.n) + w * g.k * g.n) / (gpu.hbm_bandwidth * calib.mem_eff)
-    t = max(t_compute, t_memory, g.count * calib.launch_s)
+    t = max(t_compute, t_memory, (g.launches or g.count) * calib.launch_s)
     if use == "fp8" and g.cast_pass:
         # An unfused fp8 GEMM first casts its 16-bit left operand to fp8 (read 2 bytes, write 1; torchao's
         # dynamic scaling in eager mode), a memory-bound pass.

@@ -35,6 +35,8 @@ class Gemm:
     cast_pass: bool = False
     """Under fp8, the 16-bit input is cast by a kernel of its own (eager torchao); False when the cast is fused
     into the producing kernel (Transformer Engine's LayerNormLinear / fused activation, or torch.compile)."""
+    launches: int = 0
+    """Kernel launches of all copies (a fused MoE kernel runs every expert in one); 0 = one per copy."""
 
     @property
     def flops(self) -> float:

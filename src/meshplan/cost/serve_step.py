@@ -173,16 +173,19 @@ def experts_touched(n_local: int, n_experts: int, top_k: int, tokens: int) -> fl
 
 def _step_gemms(ctx: StepContext, layer: LayerSpec, gemms: list[Gemm], tokens: int) -> list[Gemm]:
     """The layer's GEMMs with routed experts cut to those a step of ``tokens`` tokens touches (their rows
-    spread over them), so a small decode batch reads a few experts, not all."""
+    spread over them), so a small decode batch reads a few experts, not all. Engines with fused kernels run each
+    expert GEMM of a layer as one kernel over every expert (vLLM and SGLang ``fused_moe`` Triton kernels,
+    TensorRT-LLM's MoE plugin), so its launch floor is one kernel, not one per expert."""
     moe = layer.moe
     if moe is None:
         return gemms
+    fused = kernels(ctx.engine).fused_kernels
     out = []
     for g in gemms:
         if g.name.startswith("expert_") and g.count > 1:
             hit = max(experts_touched(g.count, moe.n_experts, moe.top_k, tokens), 1.0)
             rows = max(int(round(g.m * g.count / hit)), 1)
-            g = replace(g, m=rows, count=max(int(round(hit)), 1))
+            g = replace(g, m=rows, count=max(int(round(hit)), 1), launches=1 if fused else 0)
         out.append(g)
     return out
 
