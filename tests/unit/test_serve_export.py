@@ -78,6 +78,12 @@ CASES = {
                           W_OPEN, None),
     "trtllm-disagg": ("llama3.1-70b", REF, ServePlan(tp=4), "trtllm", W_CLOSED, _disagg("trtllm", 2, 2, 4, 1)),
     "trtllm017-tp4": ("llama3.1-70b", REF, ServePlan(tp=4), "trtllm-0.17", W_OFFLINE, None),
+    "vllm-deepseek-adp8": ("deepseek-v3", "deepseek-ai/DeepSeek-V3", ServePlan(tp=1, attn_dp=8, ep=8,
+                           precision="fp8"), "vllm", W_CLOSED, None),
+    "sglang-deepseek-tp2adp4": ("deepseek-v3", "deepseek-ai/DeepSeek-V3", ServePlan(tp=2, attn_dp=4, ep=8,
+                                precision="fp8", engine="sglang"), "sglang", W_CLOSED, None),
+    "trtllm-deepseek-adp8": ("deepseek-v3", "deepseek-ai/DeepSeek-V3", ServePlan(tp=1, attn_dp=8, ep=8,
+                             precision="fp8", engine="trtllm"), "trtllm", W_CLOSED, None),
 }
 GOLDEN_CASES = list(CASES)[:4]
 
@@ -352,11 +358,12 @@ def test_vllm_serve_commands_parsed_by_vllm(pkg, vllm_parsed):
         assert a["block_size"] == e.block_size and a["enable_chunked_prefill"] == e.chunked_prefill
         assert a["kv_cache_dtype"] == ("fp8" if p.kv_dtype == "fp8" else "auto")
         assert a["quantization"] == ("fp8" if p.precision == "fp8" else None)
-        assert len(env["CUDA_VISIBLE_DEVICES"].split(",")) == p.gpus_per_replica * a.get("data_parallel_size", 1)
+        replicas = pool.replicas if "--data-parallel-size" in argv and p.attn_dp == 1 else 1
+        assert len(env["CUDA_VISIBLE_DEVICES"].split(",")) == p.gpus_per_replica * replicas
         if pkg == "vllm-0.6.0":
             assert a["num_scheduler_steps"] == e.multi_step == 10
         else:
-            assert a["data_parallel_size"] == (pool.replicas if "--data-parallel-size" in argv else 1)
+            assert a["data_parallel_size"] == (replicas if replicas > 1 else p.attn_dp)
             assert a["enable_expert_parallel"] == (p.ep > 1) and a["cuda_graph_sizes"] == [e.cuda_graph_max_batch]
             kv = a["kv_transfer_config"]
             assert (kv or {}).get("kv_connector") == ("NixlConnector" if job.disaggregated else None)
@@ -415,8 +422,11 @@ def test_sglang_commands_parsed_by_sglang(pkg, sglang_parsed):
         role = opt(argv, "--disaggregation-mode") if "--disaggregation-mode" in argv else "serve"
         pool = next(p for p in job.pools if p.role == role)
         e, p = job.engine, pool.plan
-        assert a["model_path"] == job.model_ref and a["tp_size"] == p.tp
-        assert a["dp_size"] == (pool.replicas if "--dp-size" in argv else 1)
+        assert a["model_path"] == job.model_ref and a["tp_size"] == p.moe_group  # every GPU of the server
+        attention_dp = "--enable-dp-attention" in argv
+        assert attention_dp == (p.attn_dp > 1) and a.get("enable_dp_attention", False) == attention_dp
+        replicas = pool.replicas if "--dp-size" in argv and not attention_dp else 1
+        assert a["dp_size"] == (p.attn_dp if attention_dp else replicas)
         assert a["mem_fraction_static"] == e.kv_memory_fraction and a["max_running_requests"] == e.max_num_seqs
         assert a["chunked_prefill_size"] == e.max_batched_tokens and a["max_prefill_tokens"] == e.max_batched_tokens
         assert a["context_length"] == context_len(job)
@@ -424,7 +434,7 @@ def test_sglang_commands_parsed_by_sglang(pkg, sglang_parsed):
         assert a["kv_cache_dtype"] == ({"sglang-0.3.0": "fp8_e5m2"}.get(pkg, "fp8_e4m3") if p.kv_dtype == "fp8"
                                        else "auto")
         assert a["quantization"] == ("fp8" if p.precision == "fp8" else None)
-        assert len(env["CUDA_VISIBLE_DEVICES"].split(",")) == min(8, p.gpus_per_replica) * a["dp_size"]
+        assert len(env["CUDA_VISIBLE_DEVICES"].split(",")) == min(8, p.gpus_per_replica) * replicas
         if pkg == "sglang-0.5.23":
             assert (a["pp_size"], a["page_size"], a["cuda_graph_max_bs_decode"]) == (
                 p.pp, e.block_size, e.cuda_graph_max_batch)
@@ -507,7 +517,8 @@ def test_trtllm_exports_against_its_source(name, exports):
         tp = params.get("tensor_parallel_size", params.get("tp_size"))
         pp = params.get("pipeline_parallel_size", params.get("pp_size"))
         ep = params.get("moe_expert_parallel_size", params.get("ep_size"))
-        assert (tp, pp, ep) == (p.tp, p.pp, p.ep if job.model.is_moe and p.ep > 1 else None)
+        # under enable_attention_dp, trtllm-serve's tp counts every rank (attention data-parallel over them)
+        assert (tp, pp, ep) == (p.moe_group, p.pp, p.ep if job.model.is_moe and p.ep > 1 else None)
         assert (params["max_batch_size"], params["max_num_tokens"]) == (e.max_num_seqs, e.max_batched_tokens)
         frac = params.get("free_gpu_memory_fraction", params.get("kv_cache_free_gpu_memory_fraction"))
         assert frac == e.kv_memory_fraction and len(env["CUDA_VISIBLE_DEVICES"].split(",")) == p.gpus_per_replica
@@ -523,6 +534,7 @@ def test_trtllm_exports_against_its_source(name, exports):
         assert opts.enable_chunked_prefill == e.chunked_prefill
         assert (opts.cache_transceiver_config is not None) == job.disaggregated
         assert opts.scheduler_config.capacity_scheduler_policy == "GUARANTEED_NO_EVICT"  # admission 'reserve'
+        assert bool(opts.enable_attention_dp) == (p.attn_dp > 1)
 
 
 def test_trtllm_reference_refuses_what_the_source_does_not_have():

@@ -150,19 +150,21 @@ def test_older_releases_are_not_offered_what_their_exports_refuse(engine, pp_ok)
 
 
 def test_a_row_s_expert_parallelism_is_read_or_refused(tmp_path):
-    """The ep column reaches the plan (Mixtral tp 4, ep 4: whole experts on each rank); ep on a dense model, or
-    beyond the TP group (attention data parallelism over the experts), is a skipped row with its reason."""
+    """The ep column reaches the plan (Mixtral tp 4, ep 4: whole experts on each rank; tp 1, ep 4 on 4 GPUs:
+    four data-parallel attention groups with the experts over all of them); ep on a dense model, or data-parallel
+    attention on an engine that has none, is a skipped row with its reason."""
     head = ("id,source,url_or_repo_path,model,model_key,gpu,gpu_key,n_gpus,tp,pp,dp,ep,precision,framework,"
             "input_len,output_len,concurrency,batch,metric,value,unit,notes")
     body = ["m,x,,Mixtral,mixtral-8x7b,H100,h100-sxm,4,4,1,1,4,bf16,vLLM 0.11.0,1000,1000,16,,itl_ms,10,ms,",
             "d,x,,Llama,llama3.1-8b,H100,h100-sxm,2,2,1,1,2,bf16,vLLM 0.11.0,1000,1000,16,,itl_ms,10,ms,",
-            "w,x,,Mixtral,mixtral-8x7b,H100,h100-sxm,4,1,1,4,4,bf16,vLLM 0.11.0,1000,1000,16,,itl_ms,10,ms,"]
+            "w,x,,Mixtral,mixtral-8x7b,H100,h100-sxm,4,1,1,4,4,bf16,vLLM 0.11.0,1000,1000,16,,itl_ms,10,ms,",
+            "o,x,,Mixtral,mixtral-8x7b,H100,h100-sxm,4,1,1,4,4,bf16,vLLM 0.6.3,1000,1000,16,,itl_ms,10,ms,"]
     path = tmp_path / "rows.csv"
     path.write_text("\n".join([head, *body]) + "\n")
     report = validate_serving_csv(path, load_constants())
-    assert [r.id for r in report.rows] == ["m"]
+    assert [r.id for r in report.rows] == ["m", "w"]
     why = dict(report.skipped)
-    assert "no experts" in why["d"] and "must divide tp=1" in why["w"]
+    assert "no experts" in why["d"] and "data-parallel attention" in why["o"]
 
 
 @pytest.mark.parametrize("flag, value", [("--pp", "2"), ("--disagg", "only")])

@@ -175,26 +175,40 @@ def row_workload(row: dict) -> Workload:
 
 def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
     """The deployment of a row: tp, pp and data-parallel replicas at the row's precision; fp8 weights also mean
-    an fp8 KV cache on engines whose fp8 recipe quantizes it (``fp8_kv``)."""
+    an fp8 KV cache on engines whose fp8 recipe quantizes it (``fp8_kv``). Experts over more GPUs than the TP
+    group (``ep`` a multiple of ``tp``) mean attention data parallelism over them (vLLM's ``--data-parallel-size``
+    with ``--enable-expert-parallel``, SGLang's ``--enable-dp-attention``): ``ep / tp`` attention groups per
+    replica, the replicas being the row's GPUs over theirs."""
     prec = row["precision"].strip().lower()
     prec = {"nvfp4": "fp4", "awq": "int4", "gptq": "int4", "w4a16": "int4", "int4-awq": "int4"}.get(prec, prec)
     kv = "fp8" if prec in ("fp8", "fp4") and engine.fp8_kv else ("fp16" if prec == "fp16" else "bf16")
-    return ServePlan(tp=_int(row, "tp"), pp=_int(row, "pp"), ep=_int(row, "ep"), replicas=_int(row, "dp"),
-                     precision=prec, kv_dtype=kv, engine=engine.name)
+    tp, pp, ep, dp = _int(row, "tp"), _int(row, "pp"), _int(row, "ep"), _int(row, "dp")
+    adp = ep // tp if ep > tp and ep % tp == 0 else 1
+    replicas = dp
+    if adp > 1:
+        n_gpus = (row.get("n_gpus") or "").strip()
+        replicas = max(int(n_gpus) // (tp * pp * adp), 1) if n_gpus.isdigit() else max(dp // adp, 1)
+    try:
+        return ServePlan(tp=tp, pp=pp, ep=ep, attn_dp=adp, replicas=replicas, precision=prec, kv_dtype=kv,
+                         engine=engine.name)
+    except SpecError as exc:
+        raise SpecError(f"{row['id']}.ep", ep, f"{exc.expected} (tp={tp}, pp={pp})") from None
 
 
-def check_experts(row: dict, model: ModelSpec, plan: ServePlan) -> None:
-    """A row's expert parallelism must be one the serving model lays out: whole experts over a TP group's ranks
-    (``ep`` dividing ``tp`` and the expert count); attention data parallelism across the expert group (ep > tp)
-    is not modelled, and a dense model has no experts to split."""
+def check_experts(row: dict, model: ModelSpec, plan: ServePlan, engine: EngineProfile) -> None:
+    """A row's expert parallelism must be one the serving model lays out: whole experts over the GPUs that run
+    them (``ep`` dividing them and the expert count), attention data parallelism only on an engine that runs it,
+    and a dense model has no experts to split."""
     if plan.ep == 1:
         return
     moe = model.decoder.moe
     if moe is None:
         raise SpecError(f"{row['id']}.ep", plan.ep, f"{model.name} has no experts (dense): ep must be 1")
-    if plan.ep > plan.tp or plan.tp % plan.ep or moe.n_experts % plan.ep:
-        raise SpecError(f"{row['id']}.ep", plan.ep, f"must divide tp={plan.tp} and the {moe.n_experts} experts "
-                        "(attention data parallelism across the expert group is not modelled)")
+    if moe.n_experts % plan.ep:
+        raise SpecError(f"{row['id']}.ep", plan.ep, f"must divide the {moe.n_experts} experts")
+    if plan.attn_dp > 1 and not engine.attention_dp:
+        raise SpecError(f"{row['id']}.ep", plan.ep, f"experts beyond tp={plan.tp} mean data-parallel attention, "
+                        f"which {engine.name} does not run")
 
 
 def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
@@ -206,7 +220,7 @@ def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
     plan, work = row_plan(row, engine), row_workload(row)
     model, gpu = catalog.model(row["model_key"].strip()), catalog.gpu(row["gpu_key"].strip())
     cluster = catalog.cluster(f"{plan.gpus_per_replica}x{gpu.name}")
-    check_experts(row, model, plan)
+    check_experts(row, model, plan, engine)
     if engine.max_pp and plan.pp > engine.max_pp:
         raise SpecError(f"{row['id']}.pp", plan.pp, f"{engine.name} runs at most {engine.max_pp} pipeline stage(s)")
     engine = sized_engine(engine, model, plan, cluster.pools[0], work)

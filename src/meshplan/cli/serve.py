@@ -98,7 +98,7 @@ def build_request(*, model_ref: str, gpus: str, cluster_file: str, engine: str, 
         if layout[key] not in opts:
             raise SpecError(flag, layout[key], f"must be one of {', '.join(opts)}")
     n = cluster.n_gpus
-    for flag, key in (("--tp", "tp"), ("--pp", "pp"), ("--replicas", "replicas")):
+    for flag, key in (("--tp", "tp"), ("--pp", "pp"), ("--attn-dp", "attn_dp"), ("--replicas", "replicas")):
         if layout[key] and layout[key] > n:
             raise SpecError(flag, layout[key], f"exceeds the {n} GPUs of {cluster.describe()}")
     if layout["ep"] and model.decoder.moe is None:
@@ -193,6 +193,8 @@ def serve_cmd(
     tp: int = typer.Option(0, "--tp", min=0, help="Pin TP per replica (0 = searched)."),
     pp: int = typer.Option(0, "--pp", min=0, help="Pin pipeline stages per replica (0 = searched)."),
     ep: int = typer.Option(0, "--ep", min=0, help="Pin expert parallelism (MoE; 0 = searched)."),
+    attn_dp: int = typer.Option(0, "--attn-dp", min=0, help="Pin data-parallel attention groups per replica (MoE "
+                                "on sglang, vllm, trtllm: experts over tp x attn-dp GPUs; 1 = none; 0 = searched)."),
     replicas: int = typer.Option(0, "--replicas", min=0, help="Pin data-parallel replicas (0 = searched)."),
     max_num_seqs: int = typer.Option(0, "--max-num-seqs", min=0, help="Pin the engine's running-sequence cap "
                                      "(0 = the profile's, and lower caps searched)."),
@@ -216,8 +218,8 @@ def serve_cmd(
         model_ref=model, gpus=gpus, cluster_file=cluster, engine=engine,
         work=dict(input_len=input_len, output_len=output_len, concurrency=concurrency, rate=rate),
         slo=dict(ttft_ms=ttft_ms, tpot_ms=tpot_ms, percentile=percentile),
-        layout=dict(precision=precision, kv_dtype=kv_dtype, tp=tp, pp=pp, ep=ep, replicas=replicas,
-                    max_num_seqs=max_num_seqs, disagg=disagg, objective=objective, price=price))
+        layout=dict(precision=precision, kv_dtype=kv_dtype, tp=tp, pp=pp, ep=ep, attn_dp=attn_dp,
+                    replicas=replicas, max_num_seqs=max_num_seqs, disagg=disagg, objective=objective, price=price))
     code = run_serve(req, top=top, as_json=as_json, export=export)
     if code:
         raise typer.Exit(code)

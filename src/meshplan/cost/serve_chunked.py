@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost.serve_step import StepContext, decode_time, mixed_time
+from meshplan.cost.serve_step import StepContext, decode_time, mixed_time, step_budget
 from meshplan.spec.serving import Workload
 
 
@@ -47,9 +47,7 @@ class ChunkedState:
 
 def chunked_state(ctx: StepContext, work: Workload, resident: int) -> ChunkedState:
     """The steady state with ``resident`` requests on one replica (see the module docstring)."""
-    # Under PP, pp batches are in flight at once, each scheduled with the whole token budget (vLLM V1:
-    # max_concurrent_batches = pipeline_parallel_size, EngineCore.step_with_batch_queue).
-    budget = ctx.engine.max_batched_tokens * ctx.plan.pp
+    budget = step_budget(ctx)
     bins = work.bins("input")
     mean_in = sum(p * n for n, p in bins)
     # A chunk's tokens come from prompts in proportion to their length and each attends to its own prefix, so the

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from meshplan.cost.serve_chunked import chunked_state
 from meshplan.cost.serve_memory import kv_bytes_per_token_per_gpu, kv_capacity_bytes, weight_bytes_per_gpu
-from meshplan.cost.serve_step import StepContext, decode_time, prefill_time
+from meshplan.cost.serve_step import StepContext, decode_time, prefill_time, seq_cap, step_budget
 from meshplan.errors import Infeasible
 from meshplan.spec.hardware import GiB
 from meshplan.spec.serving import Workload
@@ -94,11 +94,12 @@ class ServePrediction:
 
 
 def kv_capacity_tokens(ctx: StepContext) -> int:
-    """KV tokens one replica holds, in whole blocks."""
+    """KV tokens one replica holds, in whole blocks (every attention data-parallel group its own cache)."""
     per_token = kv_bytes_per_token_per_gpu(ctx.model, ctx.plan)
     cap = kv_capacity_bytes(ctx.model, ctx.pool, ctx.plan, ctx.engine)
     tokens = int(cap // per_token) if per_token else 0
-    return tokens - tokens % ctx.engine.block_size
+    return (tokens - tokens % ctx.engine.block_size) * ctx.plan.attn_dp
+
 
 
 def fit_check(ctx: StepContext, work: Workload) -> Infeasible | None:
@@ -131,16 +132,16 @@ def kv_need(ctx: StepContext, work: Workload) -> float:
 def resident_cap(ctx: StepContext, work: Workload) -> tuple[int, str]:
     """Most requests one replica runs at once, and what sets it."""
     by_kv = max(int(kv_capacity_tokens(ctx) // kv_need(ctx, work)), 1)
-    if by_kv < ctx.engine.max_num_seqs:
+    if by_kv < seq_cap(ctx):
         return by_kv, "kv cache"
-    return ctx.engine.max_num_seqs, "max_num_seqs"
+    return seq_cap(ctx), "max_num_seqs"
 
 
 def prompts_per_step(ctx: StepContext, work: Workload, resident: int) -> int:
     """Prompts one prefill step carries in steady state: the arrivals per decode step, R / O (each cycle of O
     steps replaces R requests), as many as the step's token budget holds (vLLM, SGLang and TRT-LLM schedule
     every waiting prompt that fits ``max_batched_tokens``), at least one."""
-    fit = max(ctx.engine.max_batched_tokens // max(work.input_len, 1), 1)
+    fit = max(step_budget(ctx) // max(work.input_len, 1), 1)
     return int(max(1, min(round(resident / work.output_len), fit)))
 
 

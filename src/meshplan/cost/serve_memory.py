@@ -5,6 +5,7 @@ engine's own sizing rule leaves; the one home of these quantities for memory, ad
 from __future__ import annotations
 
 from meshplan.cost.memory import layer_params
+from meshplan.cost.ops import attention_gemms
 from meshplan.cost.stage import embedding_params
 from meshplan.spec.checks import even_split
 from meshplan.spec.cluster import Pool
@@ -52,10 +53,20 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
                for blocks in stage_blocks(model, plan.pp))
 
 
+def attention_params(layer: LayerSpec) -> float:
+    """Parameters of a layer's attention projections (what an attention data-parallel group holds whole)."""
+    if layer.attention is None:
+        return 0.0
+    return sum(g.n * g.k for g in attention_gemms(layer.attention, layer.hidden, 1, 1))
+
+
 def weight_bytes_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
     """Weight bytes of the fullest GPU: its stage's layers over tp (experts over ep x expert-tp = tp: whole
     experts over ep, each sliced over the rest of tp, as vLLM FusedMoE and SGLang EP place them), embedding on
-    the first stage and the output head on the last (vocab-parallel), those two at ``table_bytes``."""
+    the first stage and the output head on the last (vocab-parallel), those two at ``table_bytes``. Under
+    attention data parallelism each group keeps the attention over its tp, and the feed-forward layers (dense
+    MLP, shared and routed experts) are spread over all ``tp x attn_dp`` GPUs (SGLang's dense layers run TP over
+    the whole group by default, ``moe_dense_tp_size``)."""
     probe = Plan(global_batch=1, seq_len=1, tp=plan.tp)
     worst = 0.0
     stages = stage_blocks(model, plan.pp)
@@ -64,7 +75,8 @@ def weight_bytes_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
         layers = 0.0
         for b in blocks:
             dense, expert = layer_params(b.layer)
-            layers += (dense + expert) / plan.tp
+            attn = attention_params(b.layer)
+            layers += attn / plan.tp + (dense - attn + expert) / plan.moe_group
         worst = max(worst, layers * plan.weight_bytes + table * table_bytes(plan))
     return worst
 

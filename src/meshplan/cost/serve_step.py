@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from meshplan.cost.calib import gpu_calibration
 from meshplan.cost.comm import collective_time, plan_links
 from meshplan.cost.compute import attention_time, gemm_time, memory_time
-from meshplan.cost.ops import Gemm, layer_ops
+from meshplan.cost.ops import Gemm, layer_ops, op_count
+from meshplan.cost.serve_adp import ATTENTION_GEMMS, gathered_ffn_time, group_tokens, probes
 from meshplan.cost.serve_memory import activation_element_bytes, kv_bytes_per_token, kv_shard, stage_blocks
 from meshplan.errors import SpecError
 from meshplan.spec.calibration import Calibration
@@ -68,6 +69,19 @@ class StepContext:
     request_s: float = 0.0
     """Time a request spends outside the engine's steps before its first token (HTTP server, tokenisation,
     network: NIM's TTFT "includes request queuing time, prefill time, and network latency") (s): per engine."""
+
+
+def seq_cap(ctx: StepContext) -> int:
+    """Most sequences a replica runs at once: the engine's cap per scheduler, one scheduler per attention
+    data-parallel group (SGLang and vLLM run a scheduler process per data-parallel rank)."""
+    return ctx.engine.max_num_seqs * ctx.plan.attn_dp
+
+
+def step_budget(ctx: StepContext) -> int:
+    """Tokens one step of a replica carries at most: the engine's budget per scheduler, per pipeline batch in
+    flight (vLLM V1: max_concurrent_batches = pipeline_parallel_size, EngineCore.step_with_batch_queue) and per
+    attention data-parallel group."""
+    return ctx.engine.max_batched_tokens * ctx.plan.pp * ctx.plan.attn_dp
 
 
 def per_generation(constants: dict, table: str, generation: str, engine: EngineProfile) -> float | None:
@@ -131,8 +145,9 @@ def step_context(model: ModelSpec, pool: Pool, plan: ServePlan, engine: EnginePr
 
 
 def host_time(ctx: StepContext, seqs: int) -> float:
-    """Host time of one engine step over ``seqs`` sequences: the per-step part plus the per-sequence part."""
-    return ctx.step_host_s + seqs * ctx.seq_host_s
+    """Host time of one engine step over ``seqs`` sequences: the per-step part plus the per-sequence part (each
+    attention data-parallel group's scheduler loops over its own share, in its own process)."""
+    return ctx.step_host_s + group_tokens(ctx.plan, seqs) * ctx.seq_host_s
 
 
 def with_host(ctx: StepContext, device: float, seqs: int) -> float:
@@ -143,12 +158,8 @@ def with_host(ctx: StepContext, device: float, seqs: int) -> float:
 
 
 def _probe(ctx: StepContext, seq: int) -> Plan:
-    """The training plan whose per-rank GEMM shapes are the replica's: experts over ep, sliced over tp / ep."""
-    # The training plan knows no 4-bit formats: NVFP4 takes fp8's path outside the GEMMs, int4 (weight-only) the
-    # 16-bit one; ``layer_parts`` gives the GEMMs their own dtype
-    prec = {"fp8": "fp8", "fp32": "fp32", "fp4": "fp8"}.get(ctx.plan.precision, "bf16")
-    ep = ctx.plan.ep if ctx.model.decoder.moe is not None else 1
-    return Plan(global_batch=1, seq_len=max(seq, 1), tp=ctx.plan.tp, ep=ep, etp=ctx.plan.tp // ep, precision=prec)
+    """The training plan whose per-rank GEMM shapes are the replica's attention group's (``serve_adp.probes``)."""
+    return probes(ctx.model, ctx.plan, seq)[0]
 
 
 def allreduce_time(ctx: StepContext, nbytes: float) -> float:
@@ -194,52 +205,69 @@ PARTS = ("gemm", "attention", "elementwise", "allreduce", "dispatch")
 """What one layer's time splits into (``layer_parts``)."""
 
 
-def layer_parts(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv_tokens: float) -> dict[str, float]:
+def layer_parts(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv_tokens: float,
+                busy: int = 0) -> dict[str, float]:
     """One layer on one TP rank, by part: its GEMMs for ``tokens`` tokens (weights read once), the attention core
     over ``seq`` (prefill: causal flash attention) or the KV of ``kv_tokens`` cached tokens (decode), elementwise
     passes, and its two all-reduces (attention and MLP or MoE output: with experts inside the TP group, vLLM's
-    and SGLang's default EP combine is that same all-reduce)."""
-    plan = _probe(ctx, seq)
-    ops = layer_ops(layer, tokens=tokens, plan=plan, stack=kernels(ctx.engine), seq=seq)
-    dtype = ctx.plan.precision if ctx.plan.precision in ("fp4", "int4") else plan.precision
+    and SGLang's default EP combine is that same all-reduce). Under attention data parallelism (``serve_adp``)
+    the attention side runs on the busiest group's ``busy`` tokens (0: an even share) and the feed-forward side on
+    all of them, which are gathered and reduce-scattered around it."""
+    attn_plan, ffn_plan = probes(ctx.model, ctx.plan, seq)
+    mine, stack = busy or group_tokens(ctx.plan, tokens), kernels(ctx.engine)
+    ops = layer_ops(layer, tokens=mine, plan=attn_plan, stack=stack, seq=seq)
+    gemms = list(ops.gemms)
+    if ctx.plan.attn_dp > 1:
+        ffn = layer_ops(layer, tokens=tokens, plan=ffn_plan, stack=stack, seq=seq)
+        gemms = [g for g in ops.gemms if g.name in ATTENTION_GEMMS] + [g for g in ffn.gemms
+                                                                        if g.name not in ATTENTION_GEMMS]
+    dtype = ctx.plan.precision if ctx.plan.precision in ("fp4", "int4") else attn_plan.precision
     gpu, calib = ctx.pool.gpu, ctx.calib
     parts = dict.fromkeys(PARTS, 0.0)
     parts["gemm"] = sum(gemm_time(g, gpu=gpu, calib=calib, dtype=dtype)
-                        for g in _step_gemms(ctx, layer, ops.gemms, tokens))
+                        for g in _step_gemms(ctx, layer, gemms, tokens))
     parts["elementwise"] = memory_time(ops.elementwise_bytes, gpu=gpu, calib=calib)
     if kv_tokens:
-        kv = kv_tokens * kv_bytes_per_token(layer, ctx.plan.kv_bytes) / kv_shard(layer, ctx.plan.tp)
+        kv = (kv_tokens / ctx.plan.attn_dp) * kv_bytes_per_token(layer, ctx.plan.kv_bytes) / kv_shard(layer,
+                                                                                                     ctx.plan.tp)
         kv_calib = calib.with_(mem_eff=ctx.kv_eff) if ctx.kv_eff else calib
         parts["attention"] = max(memory_time(kv, gpu=gpu, calib=kv_calib), calib.launch_s)
     else:
         parts["attention"] = attention_time(ops.attn_flops, gpu=gpu, calib=calib, dtype=dtype)
+    width = activation_element_bytes(ctx.plan) * layer.hidden
     if layer.attention is not None and ctx.plan.tp > 1:
-        one = allreduce_time(ctx, tokens * layer.hidden * activation_element_bytes(ctx.plan))
-        parts["allreduce"] = 2 * (one + calib.sync_s)  # sync_s: host wake-up per blocking call (0 on GPUs)
+        # sync_s: host wake-up per blocking call (0 on GPUs); the feed-forward output's all-reduce unless gathered
+        one = allreduce_time(ctx, mine * width) + calib.sync_s
+        parts["allreduce"] = one if ctx.plan.attn_dp > 1 else 2 * one
+    if ctx.plan.attn_dp > 1:
+        parts["allreduce"] += gathered_ffn_time(ctx.plan, ctx.pool, calib, ffn_plan=ffn_plan, nbytes=tokens * width)
     # Host dispatch that precedes every eager op on a CPU, more under DTensor TP (both 0 on GPUs, as in training)
     parts["dispatch"] = ops.n_ops * (calib.op_overhead_s + (calib.dtensor_overhead_s if ctx.plan.tp > 1 else 0.0))
     return parts
 
 
-def _layer_time(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv_tokens: float) -> float:
-    return sum(layer_parts(ctx, layer, tokens=tokens, seq=seq, kv_tokens=kv_tokens).values())
+def _layer_time(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv_tokens: float,
+                busy: int = 0) -> float:
+    return sum(layer_parts(ctx, layer, tokens=tokens, seq=seq, kv_tokens=kv_tokens, busy=busy).values())
 
 
 def _head_time(ctx: StepContext, rows: int) -> float:
-    """The output head for ``rows`` tokens (the last token of each prefill, every decoding sequence)."""
+    """The output head for ``rows`` tokens (the last token of each prefill, every decoding sequence), each
+    attention group's share of them under attention data parallelism."""
     m = ctx.model
-    g = Gemm(name="lm_head", m=rows, n=max(m.vocab // ctx.plan.tp, 1), k=m.hidden)
+    g = Gemm(name="lm_head", m=group_tokens(ctx.plan, rows), n=max(m.vocab // ctx.plan.tp, 1), k=m.hidden)
     return gemm_time(g, gpu=ctx.pool.gpu, calib=ctx.calib, dtype="fp32" if ctx.plan.precision == "fp32" else "bf16")
 
 
 def stage_time(ctx: StepContext, blocks: list[BlockSpec], *, tokens: int, seq: int, kv_tokens: float,
-               head_rows: int) -> float:
-    """One pipeline stage's layers (and the head if ``head_rows``), memoised per distinct layer spec."""
+               head_rows: int, busy: int = 0) -> float:
+    """One pipeline stage's layers (and the head if ``head_rows``), memoised per distinct layer spec; ``busy``:
+    the busiest attention group's tokens (``layer_parts``)."""
     memo: dict[int, float] = {}
     t = 0.0
     for b in blocks:
         if id(b) not in memo:
-            memo[id(b)] = _layer_time(ctx, b.layer, tokens=tokens, seq=seq, kv_tokens=kv_tokens)
+            memo[id(b)] = _layer_time(ctx, b.layer, tokens=tokens, seq=seq, kv_tokens=kv_tokens, busy=busy)
         t += memo[id(b)]
     return t + (_head_time(ctx, head_rows) if head_rows else 0.0)
 
@@ -256,10 +284,12 @@ def _p2p(ctx: StepContext, tokens: int) -> float:
 def prefill_time(ctx: StepContext, *, tokens: int, prompts: int = 1) -> float:
     """Seconds of one prefill step of ``prompts`` prompts of ``tokens`` tokens each through every stage (their
     GEMMs on all prompts' tokens at once, each prompt's own causal attention), plus one engine step of host
-    time: the time to their first tokens, without queueing."""
+    time: the time to their first tokens, without queueing. A prompt is prefilled by one attention group: the
+    busiest holds ceil(prompts / attn_dp) of them."""
     stages = stage_blocks(ctx.model, ctx.plan.pp)
     rows = tokens * prompts
-    t = sum(stage_time(ctx, blocks, tokens=rows, seq=tokens, kv_tokens=0.0,
+    busy = group_tokens(ctx.plan, prompts) * tokens
+    t = sum(stage_time(ctx, blocks, tokens=rows, seq=tokens, kv_tokens=0.0, busy=busy,
                        head_rows=prompts if i == len(stages) - 1 else 0) for i, blocks in enumerate(stages))
     return with_host(ctx, t + (len(stages) - 1) * _p2p(ctx, rows), prompts)
 
@@ -270,13 +300,14 @@ def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:
     (a stage's time at batch/pp, pp of them per step, plus the sends), plus one engine step of host time. Above
     the largest CUDA graph the kernels are launched one by one, asynchronously (TRT-LLM enqueues its engine, PyTorch
     queues its kernels), so the launches bound a stage only when they outlast its kernels, as in ``mixed_time``."""
-    pp = ctx.plan.pp
+    pp, groups = ctx.plan.pp, ctx.plan.attn_dp
     micro = max(-(-batch // pp), 1)
-    rows = ctx.engine.graph_batch(micro)
+    mine = group_tokens(ctx.plan, micro)  # each attention group pads its own batch to its graphs
+    rows = groups * ctx.engine.graph_batch(mine)
     stages = stage_blocks(ctx.model, pp)
     slowest = max(stage_time(ctx, blocks, tokens=rows, seq=int(context), kv_tokens=micro * context,
                              head_rows=rows if i == len(stages) - 1 else 0) for i, blocks in enumerate(stages))
-    launches = 0.0 if ctx.engine.uses_graph(micro) else _eager_launches(ctx)
+    launches = 0.0 if ctx.engine.uses_graph(mine) else _eager_launches(ctx)
     return with_host(ctx, pp * max(slowest, launches) + (pp - 1) * _p2p(ctx, micro), batch)
 
 
@@ -299,13 +330,16 @@ def mixed_time(ctx: StepContext, *, batch: int, context: float, chunk: int, seq:
 def _mixed_stage(ctx: StepContext, blocks: list[BlockSpec], *, decode: int, context: float, chunk: int, seq: int,
                  last: bool) -> float:
     """One stage of ``mixed_time``: every part of a layer on all rows, its attention split into the chunk's causal
-    share and the decodes' KV reads (memoised per distinct layer)."""
+    share and the decodes' KV reads (memoised per distinct layer). Whole prompts ride in one attention group
+    each: the busiest carries ceil(prompts / attn_dp) of the chunk's ``seq``-token prompts."""
     memo: dict[int, float] = {}
     t = 0.0
+    mine = min(chunk, group_tokens(ctx.plan, -(-chunk // max(seq, 1))) * max(seq, 1))
     for b in blocks:
         if id(b) not in memo:
-            rows = layer_parts(ctx, b.layer, tokens=decode + chunk, seq=seq, kv_tokens=0.0)
-            own = layer_parts(ctx, b.layer, tokens=chunk, seq=seq, kv_tokens=0.0)["attention"]
+            rows = layer_parts(ctx, b.layer, tokens=decode + chunk, seq=seq, kv_tokens=0.0,
+                               busy=group_tokens(ctx.plan, decode) + mine)
+            own = layer_parts(ctx, b.layer, tokens=chunk, seq=seq, kv_tokens=0.0, busy=mine)["attention"]
             kv = layer_parts(ctx, b.layer, tokens=decode, seq=int(context),
                              kv_tokens=decode * context)["attention"] if decode else 0.0
             memo[id(b)] = sum(rows.values()) - rows["attention"] + own + kv
@@ -314,10 +348,18 @@ def _mixed_stage(ctx: StepContext, blocks: list[BlockSpec], *, decode: int, cont
 
 
 def _eager_launches(ctx: StepContext) -> float:
-    """Kernel launches a stage issues when its batch is above the largest CUDA graph (each op one launch gap)."""
-    plan = _probe(ctx, 1)
+    """Kernel launches a stage issues when its batch is above the largest CUDA graph (each op one launch gap;
+    a fused MoE kernel is one launch for all its experts, as ``_step_gemms`` times it)."""
+    plan, stack = _probe(ctx, 1), kernels(ctx.engine)
     blocks = stage_blocks(ctx.model, ctx.plan.pp)[0]
-    n_ops = sum(layer_ops(b.layer, tokens=1, plan=plan, stack=kernels(ctx.engine)).n_ops for b in blocks)
+    n_ops = 0
+    for b in blocks:
+        ops = layer_ops(b.layer, tokens=1, plan=plan, stack=stack)
+        if stack.fused_kernels and b.layer.moe is not None:
+            gemms = [replace(g, count=1) if g.grouped else g for g in ops.gemms]
+            n_ops += op_count(b.layer, gemms, fused=True, fp8=plan.precision == "fp8")
+        else:
+            n_ops += ops.n_ops
     return n_ops * ctx.calib.launch_s
 
 
@@ -327,7 +369,8 @@ def decode_breakdown(ctx: StepContext, *, batch: int, context: float) -> dict[st
     launches outlast the kernels, stage sends and host time."""
     pp = ctx.plan.pp
     micro = max(-(-batch // pp), 1)
-    rows = ctx.engine.graph_batch(micro)
+    mine = group_tokens(ctx.plan, micro)
+    rows = ctx.plan.attn_dp * ctx.engine.graph_batch(mine)
     stages = stage_blocks(ctx.model, pp)
     best: dict[str, float] = {}
     for i, blocks in enumerate(stages):
@@ -339,7 +382,7 @@ def decode_breakdown(ctx: StepContext, *, batch: int, context: float) -> dict[st
         if sum(parts.values()) > sum(best.values()):
             best = parts
     out = {k: pp * v for k, v in best.items()}
-    eager = 0.0 if ctx.engine.uses_graph(micro) else _eager_launches(ctx)
+    eager = 0.0 if ctx.engine.uses_graph(mine) else _eager_launches(ctx)
     out["launches"] = pp * max(eager - sum(best.values()), 0.0)
     out["pp_sends"] = (pp - 1) * _p2p(ctx, micro)
     device = sum(out.values())

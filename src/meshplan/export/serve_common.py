@@ -121,8 +121,14 @@ def profile_refusals(job: ServeJob) -> None:
         raise ExportError(f"engine profile {e.name} has no disaggregated mode: "
                           f"{e.sources.get('disaggregation', 'prefill and decode run in one engine')}")
     for pool in job.pools:
+        where = "" if pool.role == "serve" else f"{pool.role}: "
+        p = pool.plan
+        if p.attn_dp > 1 and not e.attention_dp:
+            raise ExportError(f"{where}attn_dp={p.attn_dp}: engine profile {e.name} runs no data-parallel attention")
+        if p.attn_dp > 1 and e.attention_dp_tp and p.tp > e.attention_dp_tp:
+            raise ExportError(f"{where}attn_dp={p.attn_dp} with tp={p.tp}: {e.name}'s data-parallel attention runs "
+                              f"tp <= {e.attention_dp_tp} per group: {e.sources.get('attention_dp_tp', '')}")
         if e.max_pp and pool.plan.pp > e.max_pp:
-            where = "" if pool.role == "serve" else f"{pool.role}: "
             raise ExportError(f"{where}pp={pool.plan.pp}: engine profile {e.name} has no pipeline parallelism beyond "
                               f"{e.max_pp} stage(s): {e.sources.get('max_pp', 'no pipeline degree')}")
 
@@ -299,7 +305,8 @@ def header(*, job: ServeJob, target: str, what: str, approximations: list[str]) 
              f"model: {job.model.name} (loaded as {job.model_ref}); engine profile: {job.engine.name}"]
     for pool in job.pools:
         p = pool.plan
-        lines.append(f"{pool.role}: {pool.replicas} x (tp={p.tp} pp={p.pp} ep={p.ep}), {p.precision} weights, "
+        adp = f" attn_dp={p.attn_dp}" if p.attn_dp > 1 else ""
+        lines.append(f"{pool.role}: {pool.replicas} x (tp={p.tp}{adp} pp={p.pp} ep={p.ep}), {p.precision} weights, "
                      f"{p.kv_dtype} KV, {pool.n_gpus} GPUs")
     lines.append(f"workload: {w.input_len} prompt + {w.output_len} output tokens, {loop}")
     if approximations:

@@ -152,7 +152,9 @@ def _approximations(job: ServeJob, rel: SglangRelease) -> list[str]:
 def server_args(job: ServeJob, rel: SglangRelease, pool: Pool) -> list[str]:
     """The ``launch_server`` options of one replica of ``pool``."""
     e, p = job.engine, pool.plan
-    args = ["--tp-size", str(p.tp)]
+    args = ["--tp-size", str(p.moe_group)]  # SGLang's tp-size counts every GPU of the server
+    if p.attn_dp > 1:  # attention data-parallel over --dp-size groups of tp-size / dp-size, MoE over all
+        args += ["--dp-size", str(p.attn_dp), "--enable-dp-attention"]
     if rel.pipeline:
         args += ["--pp-size", str(p.pp)]
     args += ["--dtype", _DTYPE[p.precision]]
@@ -202,7 +204,7 @@ def _launches(job: ServeJob, rel: SglangRelease) -> tuple[list[Launch], list[str
     if job.disaggregated:
         return _disaggregated(job, rel, places)
     pool = job.pools[0]
-    if pool.replicas > 1 and fits_one_node(job):
+    if pool.replicas > 1 and fits_one_node(job) and pool.plan.attn_dp == 1:
         gpus = sorted({g for _, gs in places["serve"] for g in gs})
         # --dp-size: SGLang's data-parallel controller starts the replicas and spreads requests (round robin)
         return _replica(job, rel, pool, (0, gpus), role=f"{pool.replicas} replicas (--dp-size)",

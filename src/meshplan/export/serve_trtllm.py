@@ -147,7 +147,8 @@ def serve_args(job: ServeJob, rel: TrtllmRelease, pool: Pool, *, yaml_name: str)
     """The ``trtllm-serve`` options of one server of ``pool``."""
     e, p = job.engine, pool.plan
     args = ["--backend", "pytorch"] if rel.llm_api_yaml else []
-    args += ["--tp_size", str(p.tp), "--pp_size", str(p.pp)]
+    # under enable_attention_dp the tp ranks run attention data-parallel and the MoE over all of them
+    args += ["--tp_size", str(p.moe_group), "--pp_size", str(p.pp)]
     if p.ep > 1 and job.model.is_moe:
         args += ["--ep_size", str(p.ep)]
     args += ["--max_batch_size", str(e.max_num_seqs), "--max_num_tokens", str(e.max_batched_tokens),
@@ -162,7 +163,7 @@ def dynamo_args(job: ServeJob, pool: Pool) -> list[str]:
     """dynamo.trtllm's options of one worker of ``pool`` (ai-dynamo/dynamo 0.6.1 components/src/dynamo/trtllm
     argument parser: the layout and sizes as flags, the rest in the pool's LLM-API file)."""
     e, p = job.engine, pool.plan
-    args = ["--tensor-parallel-size", str(p.tp), "--pipeline-parallel-size", str(p.pp)]
+    args = ["--tensor-parallel-size", str(p.moe_group), "--pipeline-parallel-size", str(p.pp)]
     if p.ep > 1 and job.model.is_moe:
         args += ["--expert-parallel-size", str(p.ep)]
     return args + ["--kv-block-size", str(e.block_size), "--max-batch-size", str(e.max_num_seqs),
@@ -191,6 +192,8 @@ def llm_api_options(job: ServeJob, pool: Pool) -> dict:
         opts["dtype"] = _DTYPE[p.precision]
     if e.custom_allreduce_bytes == 0:
         opts["allreduce_strategy"] = "NCCL"
+    if p.attn_dp > 1:  # TorchLlmArgs.enable_attention_dp: attention data-parallel over the tp ranks
+        opts["enable_attention_dp"] = True
     if pool.role != "serve":
         opts["cache_transceiver_config"] = {"backend": "DEFAULT"}
     return opts

@@ -127,9 +127,9 @@ def _expert_notes(job: ServeJob, pool: Pool, rel: VllmRelease) -> list[str]:
     if not rel.expert_parallel:
         return [f"{pool.role}: ep={p.ep}: this vLLM has no --enable-expert-parallel; experts are sharded by tensor "
                 f"parallelism over tp={p.tp}"]
-    if p.ep != p.tp:
-        return [f"{pool.role}: ep={p.ep}: --enable-expert-parallel spreads the experts over all tp={p.tp} GPUs of a "
-                "replica, not over a subgroup"]
+    if p.ep != p.moe_group:
+        return [f"{pool.role}: ep={p.ep}: --enable-expert-parallel spreads the experts over all {p.moe_group} GPUs "
+                "of a replica (tensor x data parallel), not over a subgroup"]
     return []
 
 
@@ -168,6 +168,8 @@ def engine_args(job: ServeJob, rel: VllmRelease, pool: Pool) -> list[str]:
         args += ["--quantization", "fp8"]  # online dynamic FP8 from a 16-bit checkpoint, or the checkpoint's own
     if p.kv_dtype == "fp8":
         args += ["--kv-cache-dtype", "fp8"]
+    if p.attn_dp > 1:  # data-parallel attention: one engine core and KV cache per rank, MoE over all of them
+        args += ["--data-parallel-size", str(p.attn_dp)]
     if p.ep > 1 and job.model.is_moe and rel.expert_parallel:
         args += ["--enable-expert-parallel"]
     args += ["--max-model-len", str(max_len), "--gpu-memory-utilization", f"{e.kv_memory_fraction:g}",
@@ -208,7 +210,9 @@ def _launches(job: ServeJob, rel: VllmRelease) -> tuple[list[Launch], list[str]]
         return _disaggregated(job, rel, places)
     pool = job.pools[0]
     base = ["vllm", "serve", job.model_ref]
-    if pool.replicas > 1 and rel.data_parallel and fits_one_node(job) and pool.plan.ep == 1:
+    # vLLM's data-parallel ranks of a MoE model share their expert layers (a DP x TP group): independent
+    # replicas of one are separate servers; --data-parallel-size is a MoE plan's data-parallel attention
+    if pool.replicas > 1 and rel.data_parallel and fits_one_node(job) and not job.model.is_moe:
         gpus = sorted({g for _, gs in places["serve"] for g in gs})
         argv = base + ["--port", str(PORT), *engine_args(job, rel, pool), "--data-parallel-size", str(pool.replicas)]
         return [Launch(role=f"{pool.replicas} replicas (--data-parallel-size)", argv=tuple(argv),
@@ -221,7 +225,8 @@ def _launches(job: ServeJob, rel: VllmRelease) -> tuple[list[Launch], list[str]]
     if pool.replicas > 1:
         span = port_span(ports[0], len(ports))
         why = ("this vLLM has no data parallelism of its own" if not rel.data_parallel else
-               "--data-parallel-size is written only when every replica fits one node and ep = 1")
+               "--data-parallel-size is written only for a dense model whose replicas all fit one node: a MoE "
+               "model's data-parallel ranks share their experts")
         notes.append(f"{pool.replicas} replicas on ports {span}: put a round-robin load balancer on port {PORT} in "
                      f"front of them ({why}; e.g. an nginx upstream or vllm-project/production-stack's router)")
     if replica_nodes(pool) > 1:

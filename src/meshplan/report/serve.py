@@ -52,13 +52,13 @@ def _gpus_of(label: str) -> int:
     import re
 
     n = 1
-    for v in re.findall(r"(?:tp|pp)(\d+)", label):
+    for v in re.findall(r"(?:tp|adp|pp)(\d+)", label):
         n *= int(v)
     return n
 
 
 def _plan_dict(p) -> dict:
-    return {"tp": p.tp, "pp": p.pp, "ep": p.ep, "replicas": p.replicas, "precision": p.precision,
+    return {"tp": p.tp, "pp": p.pp, "ep": p.ep, "attn_dp": p.attn_dp, "replicas": p.replicas, "precision": p.precision,
             "kv_dtype": p.kv_dtype, "engine": p.engine}
 
 

@@ -62,6 +62,7 @@ class ServeRequest:
     tp: int = 0
     pp: int = 0
     ep: int = 0
+    attn_dp: int = 0
     replicas: int = 0
     max_num_seqs: int = 0
     disagg: str = "auto"
@@ -90,6 +91,12 @@ class ServeRequest:
             raise SpecError("--input-len + --output-len", self.work.longest, f"exceeds the {self.engine.max_context:,} "
                             f"tokens one sequence of {self.engine.name} holds (max_context); shorten the requests "
                             "or use an engine that takes the model's context (vllm, sglang, trtllm)")
+        if self.attn_dp > 1 and (self.model.decoder.moe is None or not self.engine.attention_dp):
+            why = (f"{self.model.name} has no experts (dense): serve more replicas instead"
+                   if self.model.decoder.moe is None else
+                   f"{self.engine.name} runs no data-parallel attention (attention_dp = false); use sglang, vllm "
+                   "or trtllm")
+            raise SpecError("--attn-dp", self.attn_dp, why)
         if not self.cluster.homogeneous:
             raise SpecError("gpus", self.cluster.describe(), "serving plans one GPU type; give one pool, e.g. "
                             f"{self.cluster.pools[0].n_gpus}x{self.cluster.pools[0].gpu.name}")
@@ -144,7 +151,8 @@ class ServeCandidate:
 
 
 def _layout(p: ServePlan) -> str:
-    par = "".join(f"{k}{v}" for k, v in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if v > 1 or k == "tp")
+    par = "".join(f"{k}{v}" for k, v in (("tp", p.tp), ("adp", p.attn_dp), ("pp", p.pp), ("ep", p.ep))
+                  if v > 1 or k == "tp")
     return f"{p.replicas}x{par}"
 
 
@@ -201,10 +209,27 @@ def pp_options(model: ModelSpec, n_gpus: int, tp: int, pinned: int, most: int = 
 
 
 def ep_options(model: ModelSpec, tp: int, pinned: int) -> list[int]:
-    """Expert parallelism inside the TP group (1, or every TP rank whole experts when they divide)."""
+    """Expert parallelism inside a group of ``tp`` GPUs that run the experts together (1, or every rank whole
+    experts when they divide)."""
     moe = model.decoder.moe
     opts = [1] if moe is None else sorted({1, tp} if moe.n_experts % tp == 0 else {1})
     return [e for e in opts if e == pinned] if pinned else opts
+
+
+def group_options(req: ServeRequest, tp: int, pp: int) -> list[tuple[int, int]]:
+    """(attn_dp, ep) of a replica of ``tp`` x ``pp``: attention over the TP group with its experts inside it, or,
+    for a MoE model on an engine that runs it (``EngineProfile.attention_dp``), attention data-parallel over
+    2, 4, ... groups of tp inside one node, the experts over all of them (pinned values only, when given)."""
+    out = [(1, ep) for ep in ep_options(req.model, tp, req.ep)] if req.attn_dp <= 1 else []
+    most = req.engine.attention_dp_tp
+    if req.model.decoder.moe is None or not req.engine.attention_dp or pp > 1 or (most and tp > most):
+        return out
+    d = 2
+    while tp * d <= min(req.pool.gpus_per_node, req.pool.n_gpus):
+        if not req.attn_dp or d == req.attn_dp:
+            out += [(d, ep) for ep in ep_options(req.model, tp * d, req.ep)]
+        d *= 2
+    return out
 
 
 def engine_options(req: ServeRequest) -> list[EngineProfile]:
@@ -254,9 +279,10 @@ def _replica_counts(req: ServeRequest, per_replica: int) -> list[int]:
     return list(range(1, most + 1))
 
 
-def _contexts(req: ServeRequest, engine: EngineProfile, *, tp: int, pp: int, ep: int) -> tuple[ServePlan,
-                                                                                                StepContext]:
-    plan = ServePlan(tp=tp, pp=pp, ep=ep, precision=req.precision, kv_dtype=req.kv_dtype, engine=req.engine.name)
+def _contexts(req: ServeRequest, engine: EngineProfile, *, tp: int, pp: int, ep: int,
+              attn_dp: int = 1) -> tuple[ServePlan, StepContext]:
+    plan = ServePlan(tp=tp, pp=pp, ep=ep, attn_dp=attn_dp, precision=req.precision, kv_dtype=req.kv_dtype,
+                     engine=req.engine.name)
     # The engine as its benchmark builds it for this layout and workload; a cap the user pinned stays as pinned,
     # one the search tries applies below the sized one.
     sized = sized_engine(req.engine, req.model, plan, req.pool, req.work)
@@ -271,15 +297,15 @@ def aggregated(req: ServeRequest) -> tuple[list[ServeCandidate], list[tuple[str,
     out, bad = [], []
     for tp in tp_options(req.model, req.pool, req.tp):
         for pp in pp_options(req.model, req.pool.n_gpus, tp, req.pp, req.engine.max_pp):
-            for ep in ep_options(req.model, tp, req.ep):
+            for adp, ep in group_options(req, tp, pp):
                 for engine in engine_options(req):
-                    plan, ctx = _contexts(req, engine, tp=tp, pp=pp, ep=ep)
+                    plan, ctx = _contexts(req, engine, tp=tp, pp=pp, ep=ep, attn_dp=adp)
                     why = fit_check(ctx, req.work)
                     if why is not None:
                         if engine is req.engine or req.max_num_seqs:
                             bad.append((_layout(plan), why.reason))
                         break
-                    for n in _replica_counts(req, tp * pp):
+                    for n in _replica_counts(req, plan.gpus_per_replica):
                         pred = predict_load(ctx, req.work, replicas=n)
                         out.append(_judge(req, replace(plan, replicas=n), pred, ctx.engine, variant=engine))
     return out, bad
@@ -296,14 +322,14 @@ def disaggregated(req: ServeRequest) -> list[ServeCandidate]:
     for engine in engine_options(req):
         ctxs = {}
         for tp in tps:
-            for ep in ep_options(req.model, tp, req.ep):
-                plan, ctx = _contexts(req, engine, tp=tp, pp=1, ep=ep)
+            for adp, ep in group_options(req, tp, 1):
+                plan, ctx = _contexts(req, engine, tp=tp, pp=1, ep=ep, attn_dp=adp)
                 if fit_check(ctx, req.work) is None:
-                    ctxs[(tp, ep)] = (plan, ctx)
+                    ctxs[(tp, adp, ep)] = (plan, ctx)
         for (pplan, pctx) in ctxs.values():
             for (dplan, dctx) in ctxs.values():
-                for n_p in range(1, n // pplan.tp):
-                    n_d = (n - n_p * pplan.tp) // dplan.tp
+                for n_p in range(1, n // pplan.gpus_per_replica):
+                    n_d = (n - n_p * pplan.gpus_per_replica) // dplan.gpus_per_replica
                     if n_d < 1:
                         break
                     pred = predict_disagg(pctx, dctx, req.work, n_prefill=n_p, n_decode=n_d)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field, replace
 
-from meshplan.cost.serve_step import decode_breakdown, step_context
+from meshplan.cost.serve_step import decode_breakdown, step_budget, step_context
 from meshplan.search.serve import ServeCandidate, ServeRequest, ServeResult, search
 from meshplan.sim.serve_run import benchmark_run
 
@@ -178,9 +178,10 @@ def benchmark(req: ServeRequest, c: ServeCandidate) -> tuple[dict, str]:
             f"should report mean TTFT {got['ttft_ms']:,.0f} ms, TPOT {got['tpot_ms']:,.1f} ms, "
             f"{got['output_tokens_per_s']:,.0f} output tokens/s (the run replayed step by step)")
     if got["ttft_ms"] > GROUPED * 1e3 * c.pred.ttft:
+        admits = (f"each group its {step_budget(ctx):,}-token step budget admits at once sharing one prefill"
+                  if c.engine.mixed_batches else "the engine prefilling every waiting prompt before it decodes again")
         text += (f"; its TTFT is above the steady state's {1e3 * c.pred.ttft:,.0f} ms because clients that start "
-                 f"together stay in step, each group the {c.engine.max_batched_tokens:,}-token budget admits "
-                 "sharing its prefill")
+                 f"together stay in step, {admits}")
     return got, text
 
 

@@ -142,17 +142,16 @@ class _Clock:
 
 
 def _decode_stretch(rep: Replica, it: Iteration, dt: float, until: float) -> int:
-    """Iterations the same decode-only pass repeats before anything changes: the first request to finish, the next
+    """Passes the same decode-only pass repeats before anything changes: the first request to finish, the next
     arrival ``until`` s ahead, the free KV blocks a lazy engine's growth takes, or 1/16 of the context (its step
     time is then read again)."""
     steps = it.steps
-    k = min(-(-(r.output - r.generated) // steps) for r in it.decode)
+    k = -(-(rep.next_finish() - rep.tokens) // steps)
     if until < math.inf:
         k = min(k, max(int(until // dt), 1))
-    if rep.ctx.engine.admission != "reserve":
-        k = min(k, max(int(rep.free_blocks() * rep.block // max(len(it.decode) * steps, 1)) - 1, 1))
-    ctx_len = sum(r.cached for r in it.decode) / len(it.decode)
-    return max(min(k, int(ctx_len // (16 * steps))), 1)
+    if not rep.reserve:
+        k = min(k, max(rep.free_blocks() * rep.block // max(it.decoding * steps, 1) - 1, 1))
+    return max(min(k, int(it.context // (16 * steps))), 1)
 
 
 def simulate_run(ctx: StepContext, work: Workload, run: BenchRun) -> RunResult:
@@ -192,33 +191,30 @@ def simulate_run(ctx: StepContext, work: Workload, run: BenchRun) -> RunResult:
 
 def _advance(rep: Replica, it: Iteration, *, t: float, dt: float, k: int,
              gaps: dict[float, int]) -> tuple[float, list[Request]]:
-    """Run ``k`` repeats of the pass ``it`` from time ``t``: (the time after them, the requests that finished).
-    A request whose prefill completes takes its first token from that pass; a multi-step pass streams its tokens
-    at its end."""
-    for r, take in it.chunks:
-        r.prefilled += take
+    """Run ``k`` repeats of the pass ``it`` from time ``t``: (the time after them, the requests that finished, in
+    order). The decoding requests gain ``k x steps`` tokens each (those that finish stop there); a request whose
+    prefill completes takes its next token from the pass; a multi-step pass streams its tokens at its end."""
     end = t + k * dt
     finished = []
-    key = round(dt, 9)
-    for r in it.decode:
-        passes = min(-(-(r.output - r.generated) // it.steps), k)
-        r.generated = min(r.generated + passes * it.steps, r.output)
-        gaps[key] = gaps.get(key, 0) + passes
-        if r.generated >= r.output:
+    if it.decoding:
+        before, rep.tokens = rep.tokens, rep.tokens + k * it.steps
+        key = round(dt, 9)
+        gaps[key] = gaps.get(key, 0) + it.decoding * k
+        while rep.decoding and rep.next_finish() <= rep.tokens:
+            at, _, r = heapq.heappop(rep._finish)
+            passes = -(-(at - before) // it.steps)
+            gaps[key] -= k - passes  # it streamed no more passes than it needed
+            rep.tokens, at_tokens = at, rep.tokens
+            rep.stop_decoding(r)
+            rep.tokens = at_tokens
             r.end = t + passes * dt
             finished.append(r)
-    for r, _ in it.chunks:
-        if not r.to_prefill:
-            r.first = end if r.first < 0 else r.first
-            r.generated += 1
-            if r.generated >= r.output:
-                r.end = end
-                finished.append(r)
+    for r, take in it.chunks:
+        r.prefilled += take
+        if not r.to_prefill and rep.finish_prefill(r, end):
+            finished.append(r)
     finished.sort(key=lambda q: q.end)
-    for r in finished:
-        rep.running.remove(r)
     return end, finished
-
 
 WARM_ROUNDS = 4
 """Requests per client a steady-state benchmark is read over, after two discarded (the first wave, and the one

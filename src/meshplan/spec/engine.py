@@ -111,6 +111,13 @@ class EngineProfile:
     max_context: int = 0
     """Most tokens one sequence may hold, prompt plus output, whatever the model was trained to (DeepSpeed inference
     v2's ``max_context``, which sizes its KV metadata); 0 = the model's own context."""
+    attention_dp: bool = False
+    """The engine runs attention data-parallel inside a replica, the experts spread over all its GPUs (SGLang
+    ``--enable-dp-attention``, vLLM V1 ``--data-parallel-size`` with ``--enable-expert-parallel``, TensorRT-LLM
+    ``enable_attention_dp``): ``ServePlan.attn_dp`` layouts are planned for it."""
+    attention_dp_tp: int = 0
+    """Largest TP degree of one attention group under attention data parallelism (TensorRT-LLM's
+    ``enable_attention_dp`` gives every rank its own attention: 1); 0 = any."""
     disaggregation: bool = True
     """The engine runs prefill and decode on separate pools with a KV transfer between them (Dynamo's vLLM, SGLang
     and TensorRT-LLM backends); False: only aggregated deployments are planned for it."""
@@ -144,7 +151,7 @@ class EngineProfile:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SpecError(f"engine.{name}", v, "must be an integer >= 1")
         if (self.cuda_graph_max_batch < 0 or self.custom_allreduce_bytes < 0 or self.runtime_reserve_gib < 0
-                or self.overlap_max_pp < 0 or self.max_pp < 0 or self.max_context < 0):
+                or self.overlap_max_pp < 0 or self.max_pp < 0 or self.max_context < 0 or self.attention_dp_tp < 0):
             raise SpecError(f"engine {self.name}", "negative size", "sizes must be >= 0")
 
     def overlaps_host(self, pp: int) -> bool:

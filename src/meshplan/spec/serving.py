@@ -32,6 +32,12 @@ class ServePlan:
     """Expert-parallel degree inside a replica (MoE)."""
     replicas: int = 1
     """Independent engine instances (data parallel); requests are spread evenly."""
+    attn_dp: int = 1
+    """Attention data parallelism inside a replica (MoE models): ``attn_dp`` groups of ``tp`` GPUs each run
+    attention, with their own KV cache and scheduler, for their share of the requests, and the replica's
+    ``tp x attn_dp`` GPUs together run the feed-forward layers on every group's tokens, experts over ``ep`` of them
+    (SGLang ``--enable-dp-attention``, vLLM ``--data-parallel-size`` with ``--enable-expert-parallel``,
+    TensorRT-LLM ``enable_attention_dp``): MLA's latent, which TP replicates, is then stored once."""
     precision: str = "bf16"
     """Weight and GEMM precision (``fp8``: weights and activations in fp8, as TensorRT-LLM's FP8 quantization;
     ``fp4``: NVFP4 weights and activations, ModelOpt's W4A4 recipe, on GPUs with FP4 tensor cores; ``int4``: AWQ /
@@ -42,8 +48,14 @@ class ServePlan:
     """Serving-engine profile name (``catalog/engines``)."""
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "ep", "replicas"):
+        for name in ("tp", "pp", "ep", "replicas", "attn_dp"):
             _int(f"serve.{name}", getattr(self, name), 1)
+        if self.attn_dp > 1 and self.pp > 1:
+            raise SpecError("serve.attn_dp", self.attn_dp, "attention data parallelism runs without pipeline "
+                            "stages (pp = 1)")
+        if self.ep > self.moe_group or self.moe_group % self.ep:
+            raise SpecError("serve.ep", self.ep, f"must divide the {self.moe_group} GPUs that run the experts "
+                            f"(tp x attn_dp = {self.tp} x {self.attn_dp})")
         if self.precision not in WEIGHT_DTYPES:
             raise SpecError("serve.precision", self.precision, f"must be one of {', '.join(WEIGHT_DTYPES)}")
         if self.kv_dtype not in KV_DTYPES:
@@ -51,8 +63,14 @@ class ServePlan:
 
     @property
     def gpus_per_replica(self) -> int:
-        """GPUs of one replica: tp * pp (ep folds inside tp)."""
-        return self.tp * self.pp
+        """GPUs of one replica: tp * pp * attn_dp (ep folds inside them)."""
+        return self.tp * self.pp * self.attn_dp
+
+    @property
+    def moe_group(self) -> int:
+        """GPUs of a stage that run the feed-forward layers together (experts over ep, each sliced over the rest):
+        the TP group, or every attention group's under attention data parallelism."""
+        return self.tp * self.attn_dp
 
     @property
     def n_gpus(self) -> int:
