@@ -4,6 +4,8 @@ engine's own sizing rule leaves; the one home of these quantities for memory, ad
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from meshplan.cost.memory import layer_params
 from meshplan.cost.ops import attention_gemms
 from meshplan.cost.stage import embedding_params
@@ -53,6 +55,7 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
                for blocks in stage_blocks(model, plan.pp))
 
 
+@lru_cache(maxsize=256)
 def attention_params(layer: LayerSpec) -> float:
     """Parameters of a layer's attention projections (what an attention data-parallel group holds whole)."""
     if layer.attention is None:
@@ -60,13 +63,15 @@ def attention_params(layer: LayerSpec) -> float:
     return sum(g.n * g.k for g in attention_gemms(layer.attention, layer.hidden, 1, 1))
 
 
+@lru_cache(maxsize=4096)
 def weight_bytes_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
     """Weight bytes of the fullest GPU: its stage's layers over tp (experts over ep x expert-tp = tp: whole
     experts over ep, each sliced over the rest of tp, as vLLM FusedMoE and SGLang EP place them), embedding on
     the first stage and the output head on the last (vocab-parallel), those two at ``table_bytes``. Under
     attention data parallelism each group keeps the attention over its tp, and the feed-forward layers (dense
     MLP, shared and routed experts) are spread over all ``tp x attn_dp`` GPUs (SGLang's dense layers run TP over
-    the whole group by default, ``moe_dense_tp_size``)."""
+    the whole group by default, ``moe_dense_tp_size``). Memoised: a pure function of two frozen specs, which the
+    search asks of every candidate."""
     probe = Plan(global_batch=1, seq_len=1, tp=plan.tp)
     worst = 0.0
     stages = stage_blocks(model, plan.pp)
