@@ -326,3 +326,17 @@ def test_the_winner_says_what_its_exported_benchmark_should_report():
     assert any("exported benchmark" in line and "stay in step" in line for line in why.limits)
     offline = explain(search(_request(work=replace(WORK, concurrency=0), slo=Slo())))
     assert offline.benchmark == {}
+
+
+def test_the_winner_says_how_much_poisson_load_it_holds_within_the_slos():
+    """The rate is the sustainable one of serve_capacity: at it the p90 TTFT and TPOT hold the SLOs."""
+    from meshplan.cost.serve_capacity import sustainable_rate
+
+    res = search(_request())
+    line = next(s for s in explain(res).limits if s.startswith("under Poisson arrivals"))
+    ctx = step_context(LLAMA70, H100X8.pools[0], replace(res.best.plan, replicas=1), res.best.engine, CONSTS)
+    cap = sustainable_rate(ctx, WORK, replicas=res.best.plan.replicas, ttft=1.0, tpot=0.04, q=0.9)
+    assert f"{cap.rate:,.2f} requests/s" in line and cap.rate > 0
+    assert quantile(cap.prediction, "tpot", 0.9) <= 0.04 and quantile(cap.prediction, "ttft", 0.9) <= 1.0
+    free = explain(search(_request(slo=Slo())))
+    assert not any(s.startswith("under Poisson arrivals") for s in free.limits)

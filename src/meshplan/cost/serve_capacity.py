@@ -19,8 +19,8 @@ from meshplan.cost.serve_step import StepContext
 from meshplan.cost.serve_tail import quantile
 from meshplan.spec.serving import Workload
 
-ITERATIONS = 40
-"""Bisection steps: the bracket shrinks to 2^-40 of the offline throughput."""
+ITERATIONS = 24
+"""Bisection steps: the bracket shrinks to 2^-24 (6e-8) of the offline throughput."""
 
 
 @dataclass(frozen=True, kw_only=True)

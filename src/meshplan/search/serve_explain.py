@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field, replace
 
+from meshplan.cost.serve_capacity import sustainable_rate
 from meshplan.cost.serve_step import decode_breakdown, step_budget, step_context
 from meshplan.search.serve import ServeCandidate, ServeRequest, ServeResult, search
 from meshplan.sim.serve_run import benchmark_run
@@ -185,6 +186,26 @@ def benchmark(req: ServeRequest, c: ServeCandidate) -> tuple[dict, str]:
     return got, text
 
 
+def capacity(req: ServeRequest, c: ServeCandidate) -> str:
+    """For an aggregated winner under SLOs: the highest Poisson rate it holds within them at their percentile
+    (``serve_capacity.sustainable_rate``), the load a user can promise, and which bound stops more."""
+    if c.disaggregated or not (req.slo.ttft or req.slo.tpot):
+        return ""
+    ctx = step_context(req.model, req.pool, replace(c.plan, replicas=1), c.engine, req.constants)
+    cap = sustainable_rate(ctx, req.work, replicas=c.plan.replicas, ttft=req.slo.ttft or UNBOUNDED,
+                           tpot=req.slo.tpot or UNBOUNDED, q=req.slo.percentile)
+    pct = f"p{round(100 * req.slo.percentile)}"
+    if cap.prediction is None:
+        return f"under Poisson arrivals no rate keeps its {pct} latencies within the SLOs"
+    stop = {"ttft": f"TTFT {pct}", "tpot": f"TPOT {pct}", "saturation": "its throughput"}[cap.binding]
+    return (f"under Poisson arrivals of these requests it holds up to {cap.rate:,.2f} requests/s "
+            f"({cap.prediction.output_tokens_per_s:,.0f} output tokens/s) within the SLOs; {stop} stops more")
+
+
+UNBOUNDED = 1e9
+"""A latency bound no deployment reaches (s): the SLO the user left unset."""
+
+
 def explain(result: ServeResult) -> Explanation:
     """The explanation of a search result."""
     req = result.request
@@ -192,6 +213,6 @@ def explain(result: ServeResult) -> Explanation:
     if best is None:
         return Explanation(token_time=(), limits=(), runners_up=(), nearest=tuple(nearest(result)))
     bench, said = benchmark(req, best)
-    return Explanation(token_time=tuple(token_time(req, best)), limits=tuple(limits(req, best)) + ((said,) if said
-                                                                                                  else ()),
+    more = tuple(s for s in (said, capacity(req, best)) if s)
+    return Explanation(token_time=tuple(token_time(req, best)), limits=tuple(limits(req, best)) + more,
                        runners_up=tuple(runners_up(result)), benchmark=bench)
