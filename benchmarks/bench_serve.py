@@ -11,6 +11,7 @@ import time
 
 from meshplan import catalog
 from meshplan.calibrate.serve_constants import load_constants
+from meshplan.cost.serve_step import clear_memo
 from meshplan.search.serve import ServeRequest, Slo, search
 from meshplan.search.serve_explain import explain
 from meshplan.spec.serving import Workload
@@ -34,6 +35,7 @@ def main() -> int:
                            work=work, slo=slo, precision=prec, constants=consts)
         times = []
         for _ in range(repeats):
+            clear_memo()  # every run cold: the step-time memo would otherwise serve the repeats
             t = time.perf_counter()
             res = search(req)
             explain(res)

@@ -331,11 +331,13 @@ def test_the_winner_says_what_its_exported_benchmark_should_report():
 def test_the_winner_says_how_much_poisson_load_it_holds_within_the_slos():
     """The rate is the sustainable one of serve_capacity: at it the p90 TTFT and TPOT hold the SLOs."""
     from meshplan.cost.serve_capacity import sustainable_rate
+    from meshplan.search.serve_explain import CAPACITY_STEPS
 
     res = search(_request())
     line = next(s for s in explain(res).limits if s.startswith("under Poisson arrivals"))
     ctx = step_context(LLAMA70, H100X8.pools[0], replace(res.best.plan, replicas=1), res.best.engine, CONSTS)
-    cap = sustainable_rate(ctx, WORK, replicas=res.best.plan.replicas, ttft=1.0, tpot=0.04, q=0.9)
+    cap = sustainable_rate(ctx, WORK, replicas=res.best.plan.replicas, ttft=1.0, tpot=0.04, q=0.9,
+                           iterations=CAPACITY_STEPS)
     assert f"{cap.rate:,.2f} requests/s" in line and cap.rate > 0
     assert quantile(cap.prediction, "tpot", 0.9) <= 0.04 and quantile(cap.prediction, "ttft", 0.9) <= 1.0
     free = explain(search(_request(slo=Slo())))

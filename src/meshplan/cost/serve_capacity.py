@@ -45,16 +45,17 @@ def _misses(pred: ServePrediction, *, ttft: float, tpot: float, q: float) -> str
 
 
 def sustainable_rate(ctx: StepContext, work: Workload, *, replicas: int, ttft: float, tpot: float,
-                     q: float) -> Capacity:
+                     q: float, iterations: int = ITERATIONS) -> Capacity:
     """The highest Poisson rate over ``replicas`` whose q-quantile TTFT and TPOT stay within ``ttft`` and
-    ``tpot`` (s), with ``work``'s lengths (its own load is ignored)."""
+    ``tpot`` (s), with ``work``'s lengths (its own load is ignored), to 2^-``iterations`` of the offline
+    throughput."""
     offline = predict_load(ctx, replace(work, rate=0.0, concurrency=0), replicas=replicas)
     top = offline.requests_per_s
-    at_top = predict_load(ctx, replace(work, rate=top * (1 - 2.0 ** -ITERATIONS), concurrency=0), replicas=replicas)
+    at_top = predict_load(ctx, replace(work, rate=top * (1 - 2.0 ** -iterations), concurrency=0), replicas=replicas)
     if not _misses(at_top, ttft=ttft, tpot=tpot, q=q):
         return Capacity(rate=at_top.requests_per_s, prediction=at_top, binding="saturation")
     lo, hi, best, binding = 0.0, top, None, ""
-    for _ in range(ITERATIONS):
+    for _ in range(iterations):
         mid = (lo + hi) / 2
         pred = predict_load(ctx, replace(work, rate=mid, concurrency=0), replicas=replicas)
         missed = _misses(pred, ttft=ttft, tpot=tpot, q=q)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from meshplan.cost.calib import gpu_calibration
 from meshplan.cost.comm import collective_time, plan_links
@@ -44,7 +45,8 @@ def kernels(engine: EngineProfile) -> FrameworkProfile:
 
 @dataclass(frozen=True, kw_only=True)
 class StepContext:
-    """What every step of one replica needs: the model, the GPU pool, the plan, the engine, the constants."""
+    """What every step of one replica needs: the model, the GPU pool, the plan, the engine, the constants. Frozen
+    and hashable, so the step times below are memoised on it (the search asks the same steps of many candidates)."""
 
     model: ModelSpec
     pool: Pool
@@ -281,6 +283,7 @@ def _p2p(ctx: StepContext, tokens: int) -> float:
     return collective_time("send_recv", nbytes, size=2, link=link, calib=ctx.calib)
 
 
+@lru_cache(maxsize=1 << 16)
 def prefill_time(ctx: StepContext, *, tokens: int, prompts: int = 1) -> float:
     """Seconds of one prefill step of ``prompts`` prompts of ``tokens`` tokens each through every stage (their
     GEMMs on all prompts' tokens at once, each prompt's own causal attention), plus one engine step of host
@@ -294,6 +297,7 @@ def prefill_time(ctx: StepContext, *, tokens: int, prompts: int = 1) -> float:
     return with_host(ctx, t + (len(stages) - 1) * _p2p(ctx, rows), prompts)
 
 
+@lru_cache(maxsize=1 << 16)
 def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:
     """Seconds for every one of ``batch`` running sequences (mean ``context`` cached tokens) to gain one token:
     the batch padded to the engine's CUDA-graph size, split into pp micro-batches that flow through the stages
@@ -311,6 +315,7 @@ def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:
     return with_host(ctx, pp * max(slowest, launches) + (pp - 1) * _p2p(ctx, micro), batch)
 
 
+@lru_cache(maxsize=1 << 16)
 def mixed_time(ctx: StepContext, *, batch: int, context: float, chunk: int, seq: int) -> float:
     """Seconds of one iteration that decodes ``batch`` running sequences (mean ``context`` cached tokens) and
     prefills a chunk of ``chunk`` prompt tokens of ``seq``-token prompts in the same forward pass (chunked prefill,
@@ -347,6 +352,7 @@ def _mixed_stage(ctx: StepContext, blocks: list[BlockSpec], *, decode: int, cont
     return t + (_head_time(ctx, decode + 1) if last else 0.0)
 
 
+@lru_cache(maxsize=1 << 16)
 def _eager_launches(ctx: StepContext) -> float:
     """Kernel launches a stage issues when its batch is above the largest CUDA graph (each op one launch gap;
     a fused MoE kernel is one launch for all its experts, as ``_step_gemms`` times it)."""
@@ -388,3 +394,11 @@ def decode_breakdown(ctx: StepContext, *, batch: int, context: float) -> dict[st
     device = sum(out.values())
     out["host"] = with_host(ctx, device, batch) - device
     return out
+
+
+def clear_memo() -> None:
+    """Forget the memoised step times and weight bytes (a benchmark timing cold searches calls it between runs)."""
+    from meshplan.cost.serve_memory import weight_bytes_per_gpu
+
+    for f in (prefill_time, decode_time, mixed_time, _eager_launches, weight_bytes_per_gpu):
+        f.cache_clear()
