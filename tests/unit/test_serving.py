@@ -443,3 +443,24 @@ def test_a_fused_moe_kernel_launches_once_for_every_expert():
     g = Gemm(name="expert_fc1", m=2, n=256, k=7168, count=222, grouped=True)
     assert gemm_time(_replace(g, launches=1), gpu=pool.gpu, calib=fused.calib, dtype="fp8") < 222 * launch
     assert gemm_time(g, gpu=pool.gpu, calib=fused.calib, dtype="fp8") >= 222 * launch
+
+
+def test_mi355x_peaks_follow_cdna4_s_matrix_rates():
+    """256 CUs x 8,192 FP8 FLOPs per CU per clock x 2.4 GHz = 5,033 dense TFLOPS; BF16 half, MXFP4 twice; it
+    serves NVFP4-class 4-bit weights where the MI300X refuses them, and a generation no row runs takes the fitted
+    generations' median constants."""
+    g = catalog.gpu("mi355x")
+    assert g.peak_flops("fp8") == pytest.approx(256 * 8192 * 2.4e9, rel=1e-4)
+    assert g.peak_flops("fp4") == pytest.approx(2 * g.peak_flops("fp8"), rel=1e-4)
+    assert g.peak_flops("bf16") == pytest.approx(g.peak_flops("fp8") / 2, rel=1e-4)
+    from meshplan.calibrate.serve_constants import load_constants
+    from meshplan.cost.serve_step import per_generation
+
+    consts = load_constants()
+    ctx = step_context(catalog.model("llama3.1-70b"), catalog.cluster("1xmi355x").pools[0],
+                       ServePlan(precision="fp4", engine="vllm"), catalog.engine("vllm"), consts)
+    assert decode_time(ctx, batch=1, context=1000) > 0
+    assert per_generation(consts, "decode_mem_eff", "cdna4", catalog.engine("vllm")) is not None
+    with pytest.raises(SpecError, match="fp4"):
+        step_context(catalog.model("llama3.1-70b"), catalog.cluster("1xmi300x").pools[0],
+                     ServePlan(precision="fp4", engine="vllm"), catalog.engine("vllm"), consts)
