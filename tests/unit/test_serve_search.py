@@ -207,6 +207,10 @@ BASE = ("--model", "llama3.1-70b", "--gpus", "8xh100-sxm", "--input-len", "1000"
     (("--export", "out"), "--checkpoint"),
     (("--export", "/nonexistent/dir/out", "--checkpoint", "x/y"), "--export"),
     (("--model", "llama3.1-70bb"), "llama3.1-70b"),
+    (("--attn-dp", "2"), "no experts"),
+    (("--model", "mixtral-8x7b", "--engine", "tgi", "--attn-dp", "2"), "no data-parallel attention"),
+    (("--model", "mixtral-8x7b", "--tp", "4", "--attn-dp", "4"), "must fit one node"),
+    (("--attn-dp", "-1"), "--attn-dp"),
 ])
 def test_serve_bad_input_is_one_line(extra, needle):
     proc = _cli(*BASE, *extra)

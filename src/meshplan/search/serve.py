@@ -97,6 +97,10 @@ class ServeRequest:
                    f"{self.engine.name} runs no data-parallel attention (attention_dp = false); use sglang, vllm "
                    "or trtllm")
             raise SpecError("--attn-dp", self.attn_dp, why)
+        node = min(self.cluster.pools[0].gpus_per_node, self.cluster.n_gpus)
+        if self.attn_dp > 1 and max(self.tp, 1) * self.attn_dp > node:
+            raise SpecError("--attn-dp", self.attn_dp, f"tp x attn_dp = {max(self.tp, 1)} x {self.attn_dp} must fit "
+                            f"one node of {node} GPUs (the attention groups gather every layer's tokens over NVLink)")
         if not self.cluster.homogeneous:
             raise SpecError("gpus", self.cluster.describe(), "serving plans one GPU type; give one pool, e.g. "
                             f"{self.cluster.pools[0].n_gpus}x{self.cluster.pools[0].gpu.name}")
