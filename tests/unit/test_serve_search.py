@@ -211,6 +211,8 @@ BASE = ("--model", "llama3.1-70b", "--gpus", "8xh100-sxm", "--input-len", "1000"
     (("--model", "mixtral-8x7b", "--engine", "tgi", "--attn-dp", "2"), "no data-parallel attention"),
     (("--model", "mixtral-8x7b", "--tp", "4", "--attn-dp", "4"), "must fit one node"),
     (("--attn-dp", "-1"), "--attn-dp"),
+    (("--model", "mixtral-8x7b", "--tp", "1", "--attn-dp", "2", "--ep", "8"), "must divide the tp x attn_dp"),
+    (("--model", "mixtral-8x7b", "--ep", "3"), "must divide mixtral-8x7b's 8 experts"),
 ])
 def test_serve_bad_input_is_one_line(extra, needle):
     proc = _cli(*BASE, *extra)

@@ -98,12 +98,28 @@ class ServeRequest:
                    "or trtllm")
             raise SpecError("--attn-dp", self.attn_dp, why)
         node = min(self.cluster.pools[0].gpus_per_node, self.cluster.n_gpus)
+        self._check_ep(node)
         if self.attn_dp > 1 and max(self.tp, 1) * self.attn_dp > node:
             raise SpecError("--attn-dp", self.attn_dp, f"tp x attn_dp = {max(self.tp, 1)} x {self.attn_dp} must fit "
                             f"one node of {node} GPUs (the attention groups gather every layer's tokens over NVLink)")
         if not self.cluster.homogeneous:
             raise SpecError("gpus", self.cluster.describe(), "serving plans one GPU type; give one pool, e.g. "
                             f"{self.cluster.pools[0].n_gpus}x{self.cluster.pools[0].gpu.name}")
+
+    def _check_ep(self, node: int) -> None:
+        """A pinned ep must be a layout the search has: whole experts over a group of GPUs that run them together
+        (the TP group, or tp x attn_dp of them), dividing the experts; refused here rather than found empty."""
+        moe = self.model.decoder.moe
+        if self.ep <= 1 or moe is None:
+            return
+        if moe.n_experts % self.ep:
+            raise SpecError("--ep", self.ep, f"must divide {self.model.name}'s {moe.n_experts} experts")
+        group = self.tp * self.attn_dp if self.tp and self.attn_dp else 0
+        if group and group % self.ep:
+            raise SpecError("--ep", self.ep, f"must divide the tp x attn_dp = {group} GPUs that run the experts")
+        if self.tp and (self.ep % self.tp or self.ep > node):
+            raise SpecError("--ep", self.ep, f"must be a multiple of tp={self.tp} within one node of {node} GPUs "
+                            "(experts inside the TP group, or over tp x attn_dp GPUs)")
 
     @property
     def pool(self) -> Pool:
