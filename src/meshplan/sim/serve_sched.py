@@ -19,8 +19,8 @@ Decoding sequences are kept in virtual time: a counter ``tokens`` of the tokens 
 gained, each sequence remembering where it joined, a heap of the counter values at which they finish and the sum
 of their cached tokens, so a pass costs the same whatever the batch. A lazy engine's blocks are counted from its
 tokens (each sequence's last block half full on average). Times come from the step model (``serve_step``:
-``decode_time``, ``mixed_time``, ``prefill_time``), memoised on rounded arguments, so the simulation and the
-analytic model share one set of physics.
+``decode_time``, ``mixed_time``, ``prefill_time``), asked at rounded arguments so their memo serves a run, so
+the simulation and the analytic model share one set of physics.
 """
 
 from __future__ import annotations
@@ -91,7 +91,6 @@ class Replica:
     """Requests pushed on the finish heap so far (its tie-break: the run is the same for the same seed)."""
     _reserved: int = 0
     """Blocks a ``reserve`` engine holds for the admitted requests."""
-    _memo: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.block = self.ctx.engine.block_size
@@ -215,28 +214,19 @@ class Replica:
 
     # ------------------------------------------------------------------ time
     def duration(self, it: Iteration) -> float:
-        """Seconds of the pass: a decode step, a prefill step, or both in one forward (memoised on rounded
-        arguments: batch exact, contexts and chunks to 1/32 of their size)."""
+        """Seconds of the pass: a decode step, a prefill step, or both in one forward, at arguments rounded to the
+        grid of ``_round`` (batch exact, contexts and chunks to 1/32 of their size), so that the step model's own
+        memo (``serve_step``) serves the thousands of passes of a run."""
         n = it.decoding
         if not it.chunks:
-            key = ("d", n, _round(it.context))
-            if key not in self._memo:
-                self._memo[key] = decode_time(self.ctx, batch=n, context=key[2])
-            return self._memo[key] * it.steps
+            return decode_time(self.ctx, batch=n, context=_round(it.context)) * it.steps
         tokens = sum(t for _, t in it.chunks)
         # A chunk of t tokens after p cached ones attends to t (p + t / 2) keys, as t tokens of a 2p + t prompt
         seq = sum((2 * r.prefilled + t) * t for r, t in it.chunks) / tokens
         if not n and not self.ctx.engine.mixed_batches:
             k = len(it.chunks)
-            key = ("p", _round(tokens / k), k)
-            if key not in self._memo:
-                self._memo[key] = prefill_time(self.ctx, tokens=key[1], prompts=k)
-            return self._memo[key]
-        key = ("m", n, _round(it.context), _round(tokens), _round(seq))
-        if key not in self._memo:
-            self._memo[key] = mixed_time(self.ctx, batch=n, context=key[2], chunk=key[3], seq=max(key[4], 1))
-        return self._memo[key]
-
+            return prefill_time(self.ctx, tokens=_round(tokens / k), prompts=k)
+        return mixed_time(self.ctx, batch=n, context=_round(it.context), chunk=_round(tokens), seq=_round(seq))
 
 def _round(x: float) -> int:
     """``x`` to about 1/32 of itself (at least 1): the memo's grid."""
