@@ -144,6 +144,10 @@ def register(app: typer.Typer) -> None:
         schedule_file: Optional[str] = typer.Option(None, "--schedule-file", help="Custom schedule CSV."),
         simulate: bool = typer.Option(False, "--simulate", help="Use the event simulator for the pipeline."),
         trace: Optional[str] = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace JSON."),
+        dense_workers: Optional[int] = typer.Option(None, "--dense-workers",
+                                                    help="Also price layer separation (Stanza): this many of a "
+                                                         "data-parallel job's GPUs hold the embedding and output "
+                                                         "head, the rest the blocks."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Predict step time and per-GPU memory of one plan."""
@@ -164,6 +168,11 @@ def register(app: typer.Typer) -> None:
         from meshplan.report.band import band_json
         from meshplan.sim.predict import predict
 
+        sep = None
+        if dense_workers is not None:
+            from meshplan.cost.layer_separation import separated_step
+
+            sep = separated_step(mdl, clu, the_plan, stack=stack, dense_workers=dense_workers)
         est = predict(mdl, clu, the_plan, stack=stack, schedule=sched_obj,
                       simulate=True if (simulate or trace is not None) else None)
         if trace:
@@ -172,9 +181,15 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json({"model": mdl.name, "gpus": clu.describe(), "plan": the_plan.to_dict(),
                         "framework": {"name": stack.name, **stack_changes(stack)}, **est.as_dict(),
-                        "band": band_json(band_for(mdl, clu, the_plan), est.step_time)})
+                        "band": band_json(band_for(mdl, clu, the_plan), est.step_time),
+                        **({"layer_separation": sep.as_dict()} if sep else {})})
         else:
             typer.echo(render(est, mdl, clu, the_plan, stack, width=term_width()))
+            if sep:
+                from meshplan.cost.layer_separation import compare
+
+                typer.echo(compare(sep, est) + ("" if sep.fits else " (DOES NOT FIT: peaks "
+                                                f"{gib(sep.light_peak)} / {gib(sep.dense_peak)} GiB)"))
 
 
 def _load_schedule(path: str, plan: Plan):

@@ -83,6 +83,39 @@ def ps_alternative(model, cluster, request, result) -> dict | None:
                     f"steps {ps:.3f} s, {verdict}"}
 
 
+def separation_alternative(model, cluster, request, result) -> dict | None:
+    """Layer separation (Stanza, ``cost.layer_separation``: a few GPUs hold the vocabulary layers, the rest the
+    blocks) of a data-parallel layout, the search's fastest fitting one or else the winner's settings with every
+    GPU a data-parallel rank, under the request's memory limit; None when no separation fits, nothing fits at all,
+    or the cluster mixes GPU types."""
+    from meshplan.cost.estimate import estimate
+    from meshplan.cost.layer_separation import best_separation, compare
+    from meshplan.errors import MeshplanError
+
+    if result.best is None or len(cluster.pools) != 1:
+        return None
+    pure = [r for r in result.fitting if (r.plan.tp, r.plan.pp, r.plan.cp, r.plan.ep, r.plan.zero) == (1, 1, 1, 1, 0)]
+    try:
+        if pure:  # the search's own fastest data-parallel layout
+            base_plan = min(pure, key=lambda r: r.step_time).plan
+        else:  # pruned by its bound: the winner's settings with every GPU a data-parallel rank
+            base_plan = result.best.plan.with_(tp=1, sp=False, pp=1, vpp=1, schedule="", layer_split=(), cp=1, ep=1,
+                                               etp=1, zero=0, dp_shard=0, dp=cluster.n_gpus, micro_batch=1,
+                                               dp_sync="")
+        sep = best_separation(model, cluster, base_plan, stack=request.framework,
+                              limit=request.max_memory_fraction)
+        whole = estimate(model, cluster, base_plan, stack=request.framework)
+    except MeshplanError:
+        return None
+    if sep is None:
+        return None
+    win = result.best.step_time
+    verdict = (f"{win / sep.step_time:.2f}x faster than the winner" if sep.step_time < win else
+               f"no faster than the winner's {win:.3f} s")
+    return {**sep.as_dict(), "winner_step_time_s": win, "base_step_time_s": whole.step_time,
+            "text": compare(sep, whole) + f"; {verdict}"}
+
+
 def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: bool, out: str) -> int:
     """Search, print, optionally write the winner; returns the exit status."""
     from rich.progress import Progress
@@ -121,12 +154,16 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
         result = search(model, cluster, request,
                         progress=lambda done, total: bar.update(task, completed=done, total=total))
     ps = ps_alternative(model, cluster, request, result)
+    sep = separation_alternative(model, cluster, request, result)
     if as_json:
-        print_json({**result_json(result), **({"parameter_server": ps} if ps else {})})
+        print_json({**result_json(result), **({"parameter_server": ps} if ps else {}),
+                    **({"layer_separation": sep} if sep else {})})
     else:
         sys.stdout.write(render_text(result, width=term_width()))
         if ps:
             sys.stdout.write(ps["text"] + "\n")
+        if sep and sep["step_time"] < result.best.step_time:  # said only where it would win; --json always
+            sys.stdout.write(sep["text"] + "\n")
     if result.best is None:
         return NOTHING_FITS_EXIT
     if out:
