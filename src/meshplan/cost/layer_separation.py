@@ -16,7 +16,8 @@ The layout priced here is a data-parallel job (tp = pp = cp = ep = 1, no ZeRO) o
 - per micro-batch a light worker and its dense worker form a two-stage pipeline (the light worker runs its next
   forward while the dense worker serves the last one), so k micro-batches take k times the slowest of the light
   compute, the dense worker's share of head compute and either NIC's share of the exchange, plus one round trip
-  to fill and drain (GPipe's bubble with two stages, Huang et al. 2019 sec. 2.2).
+  to fill and drain (GPipe's bubble with two stages, Huang et al. 2019 sec. 2.2). The trips and the blocks'
+  all-reduce share a light worker's NIC only during the last micro-batch's backward; that overlap is not charged.
 
 The light workers' blocks are priced by the cost model itself (``estimate`` of the model with its vocabulary
 layers reduced to one token, ``blocks_only``), on all n GPUs (a ring over n rather than w ranks: 2(n-1)/n against
