@@ -22,6 +22,8 @@ WORK = Workload(input_len=1000, output_len=1000, concurrency=16)
     ("LMDeploy 0.6.0", "lmdeploy"), ("lmdeploy (TurboMind)", "lmdeploy"),
     ("DeepSpeed-FastGen", "fastgen"), ("DeepSpeed-MII 0.2.3", "fastgen"),
     ("NIM 1.3.0", "nim-1.8"), ("nvidia nim 1.8", "nim-1.8"),  # a NIM by prefix, whatever its case
+    # llm-d runs vLLM: its own release number is not vLLM's, the vLLM one in the text is
+    ("llm-d v0.2", "vllm"), ("llm-d 0.2 (vLLM 0.6.3)", "vllm-0.6"), ("llm-d 0.3, vLLM 0.10.1", "vllm"),
 ])
 def test_engine_for_reads_the_new_families(text, name):
     assert catalog.engine_for(text)[0].name == name

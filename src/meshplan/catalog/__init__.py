@@ -14,7 +14,7 @@ from pathlib import Path
 
 from meshplan.errors import SpecError, unknown_name
 from meshplan.spec.cluster import ClusterSpec
-from meshplan.spec.engine import FAMILY_NAMES, EngineProfile, engine_from_dict, version_tuple
+from meshplan.spec.engine import FAMILY_NAMES, STACK_NAMES, EngineProfile, engine_from_dict, version_tuple
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.hardware import GPUSpec
 from meshplan.spec.io import (
@@ -124,8 +124,9 @@ def engine_for(text: str) -> tuple[EngineProfile, str]:
     if not found:
         raise SpecError("framework", text, f"names no engine family ({', '.join(FAMILY_NAMES)}) and matches no "
                         "profile's `matches` (catalog/engines)")
-    at, family, name = min(found)
-    named = re.search(r"\d+(?:\.\d+)+", low[at + len(name):])
+    engines = [f for f in found if f[2] not in STACK_NAMES]  # the engine's own name, where the text gives it
+    at, family, name = min(engines or found)
+    named = re.search(r"\d+(?:\.\d+)+", low[at + len(name):]) if engines else None
     wanted = version_tuple(named.group(0)) if named else ()
     defaults = sorted((p for p in profiles if p.engine == family and not p.harness), key=lambda p: p.version_key)
     if not defaults:

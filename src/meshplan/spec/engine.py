@@ -10,13 +10,18 @@ from dataclasses import dataclass, field, fields
 
 from meshplan.errors import SpecError
 
-FAMILY_NAMES = {"vllm": ("vllm",), "sglang": ("sglang",),
+# llm-d is a Kubernetes serving stack whose model server is vLLM (llm-d/llm-d README: "vLLM as the model server"),
+# so a row that names only llm-d ran vLLM's engine.
+FAMILY_NAMES = {"vllm": ("vllm", "llm-d"), "sglang": ("sglang",),
                 "trtllm": ("tensorrt-llm", "tensorrt_llm", "tensorrt llm", "trt-llm", "trtllm"),
                 "tgi": ("text-generation-inference", "text generation inference", "tgi"),
                 "lmdeploy": ("lmdeploy", "turbomind"),
                 "fastgen": ("deepspeed-fastgen", "deepspeed fastgen", "deepspeed-mii", "deepspeed mii", "fastgen"),
                 "meshplan": ("meshplan",)}
 """Engine families and the names sources print for them (lower case), for reading a row's ``framework`` text."""
+STACK_NAMES = ("llm-d",)
+"""Names in ``FAMILY_NAMES`` of stacks built around an engine: the release number after them is the stack's, not
+the engine's."""
 ENGINES = tuple(FAMILY_NAMES)
 KV_FRACTION_OF = ("total", "free", "static")
 ADMISSIONS = ("lazy", "reserve")
