@@ -118,6 +118,16 @@ def test_refuses_what_it_does_not_split(change, match):
         separated_step(catalog.model(MODEL), cluster(1.0), BASE.with_(**change), stack=STACK, dense_workers=2)
 
 
+def test_a_batch_too_small_for_many_light_workers_takes_more_dense_ones():
+    # 60 samples on 64 GPUs: 63 or 62 light workers would leave some without a sample, from 4 dense workers on
+    # each light worker has one, and the search goes on past the counts it refuses
+    model, plan = catalog.model(MODEL), BASE.with_(global_batch=60)
+    with pytest.raises(SpecError, match="without a micro-batch"):
+        separated_step(model, cluster(0.2), plan, stack=STACK, dense_workers=1)
+    sep = best_separation(model, cluster(0.2), plan, stack=STACK)
+    assert sep is not None and sep.dense_workers >= 4 and sep.light_workers <= 60
+
+
 def test_refuses_too_many_dense_workers():
     with pytest.raises(SpecError, match="between 1 and 31"):
         separated_step(catalog.model(MODEL), cluster(1.0), BASE, stack=STACK, dense_workers=32)

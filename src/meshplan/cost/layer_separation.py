@@ -194,8 +194,8 @@ def best_separation(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, stack
     for m in dense_options(plan.dp):
         try:
             sep = separated_step(model, cluster, plan, stack=stack, dense_workers=m, calib=calib)
-        except SpecError:
-            return None
+        except SpecError:  # a layout it does not split, or a batch too small for this many light workers
+            continue
         if max(sep.light_peak, sep.dense_peak) <= limit * sep.capacity and (best is None or
                                                                              sep.step_time < best.step_time):
             best = sep
