@@ -407,7 +407,8 @@ def test_mi325x_is_the_mi300x_compute_with_more_and_faster_hbm():
 
     a, b = catalog.gpu("mi300x"), catalog.gpu("mi325x")
     assert a.peak == b.peak and a.generation == b.generation == "cdna3"
-    assert b.hbm_bytes == pytest.approx(255.98 * 2**30) and b.hbm_bandwidth / a.hbm_bandwidth == pytest.approx(6.0 / 5.3)
+    assert b.hbm_bytes == pytest.approx(255.98 * 2**30)
+    assert b.hbm_bandwidth / a.hbm_bandwidth == pytest.approx(6.0 / 5.3)
     model, work, consts = catalog.model("llama3.1-70b"), Workload(input_len=1000, output_len=1000, concurrency=8), \
         load_constants()
     ctx = {g: step_context(model, catalog.cluster(f"1x{g}").pools[0], ServePlan(), catalog.engine("vllm"), consts)
