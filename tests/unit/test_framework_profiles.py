@@ -141,3 +141,18 @@ def test_torchtitan_runs_get_the_configuration_their_source_publishes(run_id, pr
     run = row_to_run(row)
     assert (run.framework.name, run.framework.fp8_fsdp_gather) == (profile, fp8_gather)
 
+
+
+@pytest.mark.parametrize("zero, notes, tp, dp, want", [
+    (3, "FSDP; HSDP shard group within the node", 1, 128, 8),  # the dataset's HSDP convention: a node's dp ranks
+    (3, "Hybrid sharding: sharded within the node, replicated across nodes", 2, 64, 4),  # tp 2 leaves 4 per node
+    (3, "FSDP full shard", 1, 128, 0),  # plain FSDP shards over all of dp
+    (1, "HSDP", 1, 128, 0),  # only a fully sharded row can be hybrid
+    (3, "HSDP", 1, 4, 0),  # a node holds all of dp: that is plain FSDP
+])
+def test_hsdp_rows_shard_within_the_node(zero, notes, tp, dp, want):
+    from meshplan.calibrate.runs import row_plan
+
+    row = {"global_batch": str(2 * dp), "seq_len": "4096", "tp": str(tp), "pp": "1", "dp": str(dp), "cp": "1",
+           "zero": str(zero), "gpus_per_node": "8", "notes": notes, "precision": "bf16"}
+    assert row_plan(row, catalog.framework("fms-fsdp")).dp_shard == want

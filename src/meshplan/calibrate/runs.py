@@ -135,6 +135,21 @@ def _micro_batch(row: dict, stack: FrameworkProfile) -> int:
     return 1
 
 
+HSDP = re.compile(r"\bhsdp\b|hybrid[ _-]?shard|sharded within (?:the|a|each|one) node", re.IGNORECASE)
+"""How the dataset marks an HSDP row (shared/validation/README.md, ``zero``: "HSDP rows are 3, with a note: sharded
+within the node, replicated across nodes")."""
+
+
+def _dp_shard(row: dict) -> int:
+    """FSDP's shard group: all of dp (0), except an HSDP row's: the data-parallel ranks of one node, tp x cp
+    innermost (Megatron's and torchtitan's rank order), when they divide dp."""
+    if _int(row, "zero", 0) != 3 or not HSDP.search(row.get("notes") or ""):
+        return 0
+    dp = _int(row, "dp")
+    per_node = max(_int(row, "gpus_per_node", 8) // (_int(row, "tp") * _int(row, "cp", 1)), 1)
+    return per_node if per_node < dp and dp % per_node == 0 else 0
+
+
 def row_plan(row: dict, stack: FrameworkProfile) -> Plan:
     """The published layout under ``stack``; empty cells take the defaults (no interleaving, the stack's
     micro-batch, no recompute, no ZeRO)."""
@@ -142,7 +157,8 @@ def row_plan(row: dict, stack: FrameworkProfile) -> Plan:
     return Plan(global_batch=_int(row, "global_batch"), seq_len=_int(row, "seq_len"),
                 micro_batch=_micro_batch(row, stack), tp=tp, sp=bool(_int(row, "sp", 0)) and tp > 1,
                 cp=_int(row, "cp", 1), pp=_int(row, "pp"), vpp=_vpp(row), dp=_int(row, "dp"),
-                zero=_int(row, "zero", 0), ep=_int(row, "ep", 1), recompute=row.get("recompute") or "none",
+                zero=_int(row, "zero", 0), dp_shard=_dp_shard(row), ep=_int(row, "ep", 1),
+                recompute=row.get("recompute") or "none",
                 precision=row.get("precision") or "bf16", framework=stack.name)
 
 
