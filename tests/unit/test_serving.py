@@ -356,6 +356,8 @@ def test_fp4_serving_reads_nvfp4_weights_on_fp4_tensor_cores():
 
     plan = row_plan({"precision": "NVFP4", "tp": "1", "pp": "1", "dp": "1"}, catalog.engine("trtllm-0.17"))
     assert (plan.precision, plan.kv_dtype) == ("fp4", "fp8")  # ModelOpt NVFP4 exports set kv_cache_quant_algo FP8
+    mx = row_plan({"precision": "MXFP4", "tp": "1", "pp": "1", "dp": "1"}, catalog.engine("vllm"))
+    assert mx.precision == "fp4"  # OCP MXFP4 (AMD's MLPerf, gpt-oss) runs on the same FP4 tensor cores
 
 
 def test_int4_weight_only_reads_packed_weights_and_computes_in_16_bits():

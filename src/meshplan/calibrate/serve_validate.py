@@ -173,6 +173,12 @@ def row_workload(row: dict) -> Workload:
     return Workload(input_len=_int(row, "input_len"), output_len=_int(row, "output_len"), **load)
 
 
+PRECISION_NAMES = {"nvfp4": "fp4", "mxfp4": "fp4", "awq": "int4", "gptq": "int4", "w4a16": "int4", "int4-awq": "int4"}
+"""Weight formats sources name, by the precision the step model prices: NVFP4 (16-element blocks) and the OCP
+MXFP4 (32-element blocks, e8m0 scales) both run on FP4 tensor cores (Blackwell, CDNA 4); AWQ/GPTQ are 4-bit
+integer weights with 16-bit compute."""
+
+
 def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
     """The deployment of a row: tp, pp and data-parallel replicas at the row's precision; fp8 weights also mean
     an fp8 KV cache on engines whose fp8 recipe quantizes it (``fp8_kv``). Experts over more GPUs than the TP
@@ -180,7 +186,7 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
     with ``--enable-expert-parallel``, SGLang's ``--enable-dp-attention``): ``ep / tp`` attention groups per
     replica, the replicas being the row's GPUs over theirs."""
     prec = row["precision"].strip().lower()
-    prec = {"nvfp4": "fp4", "awq": "int4", "gptq": "int4", "w4a16": "int4", "int4-awq": "int4"}.get(prec, prec)
+    prec = PRECISION_NAMES.get(prec, prec)
     kv = "fp8" if prec in ("fp8", "fp4") and engine.fp8_kv else ("fp16" if prec == "fp16" else "bf16")
     tp, pp, ep, dp = _int(row, "tp"), _int(row, "pp"), _int(row, "ep"), _int(row, "dp")
     adp = ep // tp if ep > tp and ep % tp == 0 else 1
