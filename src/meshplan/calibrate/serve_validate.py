@@ -175,8 +175,9 @@ def row_workload(row: dict) -> Workload:
 
 PRECISION_NAMES = {"nvfp4": "fp4", "mxfp4": "fp4", "awq": "int4", "gptq": "int4", "w4a16": "int4", "int4-awq": "int4"}
 """Weight formats sources name, by the precision the step model prices: NVFP4 (16-element blocks) and the OCP
-MXFP4 (32-element blocks, e8m0 scales) both run on FP4 tensor cores (Blackwell, CDNA 4); AWQ/GPTQ are 4-bit
-integer weights with 16-bit compute."""
+MXFP4 (32-element blocks, e8m0 scales) both run on FP4 tensor cores (Blackwell, CDNA 4), priced at NVFP4's 4.5
+bits a weight (MXFP4 stores 4.25: its decode weight reads come out 6 % high); AWQ/GPTQ are 4-bit integer weights
+with 16-bit compute."""
 
 
 def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
