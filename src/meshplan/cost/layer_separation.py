@@ -209,4 +209,5 @@ def compare(sep: Separation, whole: Estimate) -> str:
                f"no faster than all GPUs training the whole model ({whole.step_time:.3f} s)")
     return (f"layer separation (Stanza): {sep.dense_workers} dense worker(s) hold the embedding and output head "
             f"({sep.vocab_params / 1e6:,.0f}M parameters), {sep.light_workers} light workers the blocks: step "
-            f"{sep.step_time:.3f} s, paced by {sep.bound}; {verdict}")
+            f"{sep.step_time:.3f} s, paced by {sep.bound}; {verdict} (no published run covers this layout: the "
+            "figure is the model's physics alone, without an error band)")
