@@ -156,3 +156,18 @@ def test_hsdp_rows_shard_within_the_node(zero, notes, tp, dp, want):
     row = {"global_batch": str(2 * dp), "seq_len": "4096", "tp": str(tp), "pp": "1", "dp": str(dp), "cp": "1",
            "zero": str(zero), "gpus_per_node": "8", "notes": notes, "precision": "bf16"}
     assert row_plan(row, catalog.framework("fms-fsdp")).dp_shard == want
+
+
+@pytest.mark.parametrize("vpp, rid, notes, want", [
+    ("", "x-405b-interleaved1f1b", "", 2),  # named interleaved: at least two virtual stages
+    ("", "meta-405b-16k", "interleaved 1F1B with a tuned number of micro-batches", 2),  # said so in the notes
+    ("", "mcore-119b", "Micro-batch, recompute, ffn size, interleaving and interconnect not stated", 1),  # unknown
+    ("", "x", "not interleaved", 1),
+    ("4", "x", "interleaved", 4),  # a published depth wins
+])
+def test_virtual_stages_from_the_row(vpp, rid, notes, want):
+    from meshplan.calibrate.runs import row_plan
+
+    row = {"id": rid, "model": "", "global_batch": "256", "seq_len": "4096", "tp": "8", "pp": "8", "dp": "8",
+           "vpp": vpp, "notes": notes, "gpus_per_node": "8"}
+    assert row_plan(row, catalog.framework("megatron-core")).vpp == want

@@ -116,12 +116,17 @@ def row_cluster(row: dict) -> ClusterSpec:
     return ClusterSpec(pools=(Pool(gpu=gpu, n_gpus=n, gpus_per_node=_int(row, "gpus_per_node", 8)),))
 
 
+INTERLEAVED = re.compile(r"(?<!not )(?<!no )(?<!non-)\binterleaved\b", re.IGNORECASE)
+"""A note that says the schedule is interleaved (the word, not "interleaving ... not stated")."""
+
+
 def _vpp(row: dict) -> int:
-    """Virtual stages; unknown means none, except a run named interleaved, which has at least two."""
+    """Virtual stages; unknown (the dataset's empty ``vpp``) means none, except a run its name or notes call
+    interleaved, which has at least two."""
     if (row.get("vpp") or "").strip():
         return _int(row, "vpp")
-    text = (row.get("id", "") + " " + row.get("model", "")).lower()
-    return 2 if "interleav" in text and _int(row, "pp") > 1 else 1
+    named = "interleav" in (row.get("id", "") + " " + row.get("model", "")).lower()
+    return 2 if (named or INTERLEAVED.search(row.get("notes") or "")) and _int(row, "pp") > 1 else 1
 
 
 def _micro_batch(row: dict, stack: FrameworkProfile) -> int:
