@@ -155,3 +155,13 @@ def test_estimate_and_plan_report_it(tmp_path):
                         "--framework", "byteps")
     assert plan.returncode == 0, plan.stderr
     assert "layer separation (Stanza)" in plan.stdout and "faster than the winner" in plan.stdout
+    pinned = meshplan_cli("plan", "--model", MODEL, "--cluster", str(weak), "--global-batch", "64", "--seq-len", "2048",
+                          "--framework", "byteps", "--micro-batch", "1", "--json")
+    assert pinned.returncode == 0 and "layer_separation" in json.loads(pinned.stdout)  # a pin it keeps
+    from meshplan.cli.plan import separation_alternative
+    from meshplan.search import SearchRequest, search
+
+    model, clu = catalog.model(MODEL), cluster(0.2)
+    req = SearchRequest(global_batch=64, seq_len=2048, framework=catalog.framework("meshplan"), pins={"tp": 2})
+    assert separation_alternative(model, clu, req, search(model, clu, req)) is None  # a pin it would break
+

@@ -94,6 +94,9 @@ def separation_alternative(model, cluster, request, result) -> dict | None:
 
     if result.best is None or len(cluster.pools) != 1:
         return None
+    data_parallel = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "dp": cluster.n_gpus}
+    if any(request.pinned(k, v) != v for k, v in data_parallel.items()):
+        return None  # the user pinned a layout that is not a plain data-parallel job
     pure = [r for r in result.fitting if (r.plan.tp, r.plan.pp, r.plan.cp, r.plan.ep, r.plan.zero) == (1, 1, 1, 1, 0)]
     try:
         if pure:  # the search's own fastest data-parallel layout
