@@ -164,32 +164,43 @@ def register(app: typer.Typer) -> None:
         if mdl.max_seq_len and the_plan.seq_len > mdl.max_seq_len:
             print(f"note: seq_len {the_plan.seq_len} exceeds {mdl.name}'s {mdl.max_seq_len} trained positions; the "
                   "prediction times the layout, not the model's quality at that length", file=sys.stderr)
-        from meshplan.cost.bands import band_for
-        from meshplan.report.band import band_json
         from meshplan.sim.predict import predict
 
-        sep = None
-        if dense_workers is not None:
-            from meshplan.cost.layer_separation import separated_step
-
-            sep = separated_step(mdl, clu, the_plan, stack=stack, dense_workers=dense_workers)
+        sep = _separation(mdl, clu, the_plan, stack, dense_workers)
         est = predict(mdl, clu, the_plan, stack=stack, schedule=sched_obj,
                       simulate=True if (simulate or trace is not None) else None)
         if trace:
             _write_trace(trace, est, the_plan, sched_obj)
             wrote(trace, "Chrome/Perfetto trace of the predicted step")
-        if as_json:
-            print_json({"model": mdl.name, "gpus": clu.describe(), "plan": the_plan.to_dict(),
-                        "framework": {"name": stack.name, **stack_changes(stack)}, **est.as_dict(),
-                        "band": band_json(band_for(mdl, clu, the_plan), est.step_time),
-                        **({"layer_separation": sep.as_dict()} if sep else {})})
-        else:
-            typer.echo(render(est, mdl, clu, the_plan, stack, width=term_width()))
-            if sep:
-                from meshplan.cost.layer_separation import compare
+        _print(est, sep, mdl, clu, the_plan, stack, as_json=as_json)
 
-                typer.echo(compare(sep, est) + ("" if sep.fits else " (DOES NOT FIT: peaks "
-                                                f"{gib(sep.light_peak)} / {gib(sep.dense_peak)} GiB)"))
+
+def _separation(model, cluster, plan: Plan, stack, dense_workers: int | None):
+    """The layer-separated step ``--dense-workers`` asks for, or None."""
+    if dense_workers is None:
+        return None
+    from meshplan.cost.layer_separation import separated_step
+
+    return separated_step(model, cluster, plan, stack=stack, dense_workers=dense_workers)
+
+
+def _print(est, sep, model, cluster, plan: Plan, stack, *, as_json: bool) -> None:
+    """The estimate (and the separated step when asked) as JSON or as tables."""
+    from meshplan.cost.bands import band_for
+    from meshplan.report.band import band_json
+
+    if as_json:
+        print_json({"model": model.name, "gpus": cluster.describe(), "plan": plan.to_dict(),
+                    "framework": {"name": stack.name, **stack_changes(stack)}, **est.as_dict(),
+                    "band": band_json(band_for(model, cluster, plan), est.step_time),
+                    **({"layer_separation": sep.as_dict()} if sep else {})})
+        return
+    typer.echo(render(est, model, cluster, plan, stack, width=term_width()))
+    if sep:
+        from meshplan.cost.layer_separation import compare
+
+        typer.echo(compare(sep, est) + ("" if sep.fits else f" (DOES NOT FIT: peaks {gib(sep.light_peak)} / "
+                                        f"{gib(sep.dense_peak)} GiB)"))
 
 
 def _load_schedule(path: str, plan: Plan):
