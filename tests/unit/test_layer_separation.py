@@ -65,11 +65,11 @@ def test_exchange_is_four_hidden_state_trips_over_the_busier_nic():
 def test_light_workers_reduce_only_the_blocks():
     model, clu = catalog.model(MODEL), cluster(0.5)
     blocks = blocks_only(model)
-    assert vocabulary_params(model) == model.vocab * model.hidden  # Llama-3.2-1B ties its embedding
+    assert vocabulary_params(model, BASE) == model.vocab * model.hidden  # Llama-3.2-1B ties its embedding
     whole = estimate(model, clu, BASE, stack=STACK)
     light = estimate(blocks, clu, BASE, stack=STACK)
     layers = sum(b.n_layers * sum(layer_params(b.layer)) for b in model.blocks)
-    share = (layers + vocabulary_params(blocks)) / (layers + vocabulary_params(model))
+    share = (layers + vocabulary_params(blocks, BASE)) / (layers + vocabulary_params(model, BASE))
     # On a slow network the all-reduce is bandwidth-bound: it shrinks by the vocabulary's share of the gradients
     assert light.time.dp_comm / whole.time.dp_comm == pytest.approx(share, rel=0.02)
     assert 0.75 < share < 0.85  # Llama-3.2-1B: the tied 128256 x 2048 embedding is ~21 % of its parameters
@@ -101,8 +101,10 @@ def test_dense_worker_memory_is_the_vocabulary_and_its_logits():
     model = catalog.model(MODEL)
     sep = separated_step(model, cluster(1.0), BASE, stack=STACK, dense_workers=4)
     light = estimate(blocks_only(model), cluster(1.0), BASE.with_(global_batch=128), stack=STACK)
-    states = vocabulary_params(model) * sum(bytes_per_param(BASE, STACK))
-    logits = 2048 * model.vocab * 6.0  # one micro-batch's bf16 logits and fp32 softmax gradient
+    states = vocabulary_params(model, BASE) * sum(bytes_per_param(BASE, STACK))
+    # one micro-batch's logits at the loss backward as the stack keeps them: meshplan's eager cross-entropy holds
+    # the fp32 log-softmax, its gradient and the softmax backward's output, 12 bytes a logit (memory.logits_bytes)
+    logits = 2048 * model.vocab * 12.0
     held = 2 * 15 * 2048 * model.hidden * 2.0  # the hidden states of the 15 light workers it serves, two each
     assert sep.dense_peak == pytest.approx(states + logits + held + light.memory.reserved)
     assert sep.light_peak == pytest.approx(light.peak_memory + light.memory.activations)  # two micro-batches

@@ -34,18 +34,15 @@ from meshplan.cost.comm import collective_time, plan_links
 from meshplan.cost.compute import memory_time
 from meshplan.cost.dp import optimizer_time
 from meshplan.cost.estimate import estimate
-from meshplan.cost.memory import bytes_per_param
+from meshplan.cost.memory import bytes_per_param, logits_bytes
 from meshplan.cost.result import Estimate
-from meshplan.cost.stage import Ctx, head_cost
+from meshplan.cost.stage import Ctx, embedding_params, head_cost
 from meshplan.errors import SpecError
 from meshplan.spec.cluster import ClusterSpec, GroupLink, group_link
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan
 
-LOGIT_BYTES = 2.0 + 4.0
-"""Bytes a dense worker keeps per logit of a micro-batch: the 16-bit logits and the fp32 softmax gradient the
-cross-entropy backward writes (PyTorch ``cross_entropy`` upcasts)."""
 EMBEDDING_GRAD_PASSES = 3.0
 """Embedding backward as memory traffic: read the incoming gradient, read and write the rows it adds into
 (``embedding_dense_backward``'s scatter-add), in units of the gradient's bytes."""
@@ -104,9 +101,10 @@ def blocks_only(model: ModelSpec) -> ModelSpec:
     return replace(model, vocab=1, tied_embeddings=False)
 
 
-def vocabulary_params(model: ModelSpec) -> float:
-    """Parameters of the embedding and output head (one matrix when tied)."""
-    return model.vocab * model.hidden * (1 if model.tied_embeddings else 2)
+def vocabulary_params(model: ModelSpec, plan: Plan) -> float:
+    """Parameters of the embedding and output head (one matrix when tied): ``stage.embedding_params`` of a rank
+    that holds both."""
+    return embedding_params(model, plan, first=True, last=True, mtp=False)
 
 
 def check_separable(model: ModelSpec, cluster: ClusterSpec, plan: Plan, dense_workers: int) -> None:
@@ -147,8 +145,7 @@ def separated_step(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, stack:
     cal = gpu_calibration(pool.gpu, calib, library=stack.kernel_library)
     ctx = Ctx(model=model, plan=plan, stack=stack, gpu=pool.gpu, links=plan_links(plan, pool), calib=cal)
     head_f, head_b = head_cost(model, ctx)
-    act = 4.0 if plan.precision == "fp32" else 2.0
-    x = b * plan.seq_len * model.hidden * act  # one micro-batch's hidden states (and their gradient)
+    x = b * plan.seq_len * model.hidden * plan.act_bytes  # one micro-batch's hidden states (and their gradient)
     per_served = head_f + head_b + memory_time(EMBEDDING_GRAD_PASSES * x, gpu=pool.gpu, calib=cal)
     served = w / m
     hop = collective_time("send_recv", x, size=2, link=_exchange_link(cluster), calib=cal)
@@ -156,7 +153,7 @@ def separated_step(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, stack:
     dense_compute = served * per_served
     exchange = 2 * hop * max(served, 1.0)  # each NIC sends two tensors a micro-batch and takes two (full duplex)
     fill = 3 * hop + per_served  # embedding out, hidden state in, gradient back; the first micro-batch's head
-    vocab = vocabulary_params(model)
+    vocab = vocabulary_params(model, plan)
     w_b, g_b, o_b = bytes_per_param(plan, stack)
     dense_sync = collective_time("all_reduce", vocab * g_b, size=m, link=group_link(pool, size=m, stride=1),
                                  calib=cal)
@@ -165,8 +162,7 @@ def separated_step(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, stack:
     optimizer = max(light.time.optimizer, dense_opt)
     pipe = k * max(light_compute, dense_compute, exchange) + fill
     step = pipe + max(light.time.dp_comm, dense_sync) + optimizer + light.time.overhead
-    tokens = b * plan.seq_len
-    dense_peak = (vocab * (w_b + g_b + o_b) + tokens * model.vocab * LOGIT_BYTES + 2 * served * x
+    dense_peak = (vocab * (w_b + g_b + o_b) + logits_bytes(model, plan, stack) + 2 * served * x
                   + light.memory.reserved)
     return Separation(dense_workers=m, light_workers=w, micro_batches=k, light_compute=light_compute,
                       dense_compute=dense_compute, exchange=exchange, fill=fill, light_sync=light.time.dp_comm,
