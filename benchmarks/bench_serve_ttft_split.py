@@ -15,12 +15,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from meshplan import catalog
 from meshplan.calibrate.serve_constants import load_constants
-from meshplan.calibrate.serve_validate import predict_row, reported, row_engine, row_plan, row_workload
+from meshplan.calibrate.serve_validate import predict_row, reported, row_context
 from meshplan.cost.serve_load import predict_load
-from meshplan.cost.serve_sizing import sized_engine
-from meshplan.cost.serve_step import step_context
 from meshplan.errors import MeshplanError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,11 +26,7 @@ DEFAULT = ROOT.parent / "shared" / "validation" / "inference_visible.csv"
 
 def alone_ttft(row: dict, consts: dict) -> float:
     """A lone request's TTFT (ms) on the row's deployment: its own prefill and the request path."""
-    engine = row_engine(row)
-    plan, work = row_plan(row, engine), row_workload(row)
-    model, gpu = catalog.model(row["model_key"].strip()), catalog.gpu(row["gpu_key"].strip())
-    pool = catalog.cluster(f"{plan.gpus_per_replica}x{gpu.name}").pools[0]
-    ctx = step_context(model, pool, plan, sized_engine(engine, model, plan, pool, work), consts)
+    ctx, _, work = row_context(row, consts)
     return reported(predict_load(ctx, replace(work, concurrency=1, rate=0.0), replicas=1), "ttft_ms", ctx.engine)
 
 

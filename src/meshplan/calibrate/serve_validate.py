@@ -14,7 +14,7 @@ from meshplan import catalog
 from meshplan.cost.serve_capacity import sustainable_rate
 from meshplan.cost.serve_load import ServePrediction, fit_check, predict_load
 from meshplan.cost.serve_sizing import sized_engine, with_cap
-from meshplan.cost.serve_step import step_context
+from meshplan.cost.serve_step import StepContext, step_context
 from meshplan.cost.serve_tail import quantile
 from meshplan.errors import MeshplanError, SpecError
 from meshplan.sim.serve_run import benchmark_run
@@ -218,11 +218,9 @@ def check_experts(row: dict, model: ModelSpec, plan: ServePlan, engine: EnginePr
                         f"which {engine.name} does not run")
 
 
-def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
-    """The prediction of one row, or (None, why it is out of memory)."""
-    metric = row["metric"].strip()
-    if metric not in METRICS:
-        raise SpecError(f"{row['id']}.metric", metric, f"must be one of {', '.join(METRICS)}")
+def row_context(row: dict, constants: dict) -> tuple[StepContext, ServePlan, Workload]:
+    """A row's replica as the step model sees it (the engine sized for the workload, the source's pinned
+    running-batch cap), its deployment and its workload."""
     engine = row_engine(row)
     plan, work = row_plan(row, engine), row_workload(row)
     model, gpu = catalog.model(row["model_key"].strip()), catalog.gpu(row["gpu_key"].strip())
@@ -233,7 +231,16 @@ def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
     engine = sized_engine(engine, model, plan, cluster.pools[0], work)
     if (row.get("batch") or "").strip():  # the source's running-batch cap (MLPerf gpu_batch_size) is pinned
         engine = with_cap(engine, _int(row, "batch"))
-    ctx = step_context(model, cluster.pools[0], plan, engine, constants)
+    return step_context(model, cluster.pools[0], plan, engine, constants), plan, work
+
+
+def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
+    """The prediction of one row, or (None, why it is out of memory)."""
+    metric = row["metric"].strip()
+    if metric not in METRICS:
+        raise SpecError(f"{row['id']}.metric", metric, f"must be one of {', '.join(METRICS)}")
+    ctx, plan, work = row_context(row, constants)
+    engine, gpu = ctx.engine, ctx.pool.gpu
     oom = fit_check(ctx, work)
     if oom is not None:
         return None, oom.reason
