@@ -148,6 +148,9 @@ def test_estimate_and_plan_report_it(tmp_path):
     bad = meshplan_cli("estimate", "--model", MODEL, "--gpus", "64xa100-40gb", "--global-batch", "64", "--seq-len",
                        "2048", "--tp", "2", "--dense-workers", "8")
     assert bad.returncode == 2 and "--dense-workers" in bad.stderr and "Traceback" not in bad.stderr
+    none = meshplan_cli("estimate", "--model", MODEL, "--gpus", "64xa100-40gb", "--global-batch", "64", "--seq-len",
+                        "2048", "--dense-workers", "0")
+    assert none.returncode == 2 and "between 1 and 31" in none.stderr and "Traceback" not in none.stderr
     weak = tmp_path / "weak.toml"
     weak.write_text('[[pools]]\ngpu = "a100-40gb"\nn_gpus = 64\ngpus_per_node = 8\n'
                     '[[pools.levels]]\nname = "nvlink"\nspan = 8\nbandwidth_gb_s = 300\nlatency_us = 3\n'

@@ -103,7 +103,8 @@ def separation_alternative(model, cluster, request, result) -> dict | None:
             base_plan = min(pure, key=lambda r: r.step_time).plan
         else:  # pruned by its bound: the winner's settings with every GPU a data-parallel rank
             base_plan = result.best.plan.with_(tp=1, sp=False, pp=1, vpp=1, schedule="", layer_split=(), cp=1, ep=1,
-                                               etp=1, zero=0, dp_shard=0, dp=cluster.n_gpus, micro_batch=1,
+                                               etp=1, zero=0, dp_shard=0, dp=cluster.n_gpus,
+                                               micro_batch=request.pinned("micro_batch", 1),
                                                dp_sync="")
         sep = best_separation(model, cluster, base_plan, stack=request.framework,
                               limit=request.max_memory_fraction)
