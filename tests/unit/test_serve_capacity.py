@@ -55,12 +55,13 @@ def test_the_gap_spread_is_compound_poisson():
     """sd of one gap = marginal token cost x sqrt(lambda t E[L^2]): four times the rate doubles it (at the same
     gap), and a request's TPOT averages O - 1 of them."""
     ctx = ctx_of()
-    from meshplan.cost.serve_load import tpot_spread
+    from meshplan.cost.serve_load import step_sd, tpot_spread
     w = Workload(input_len=256, output_len=101, rate=1.0)
-    (a, _), = tpot_spread(ctx, w, x_req=5.0, gap=0.02)
-    (b, _), = tpot_spread(ctx, w, x_req=20.0, gap=0.02)
-    assert b == pytest.approx(2 * a, rel=1e-9)
-    (c, _), = tpot_spread(ctx, dataclasses.replace(w, output_len=401), x_req=5.0, gap=0.02)
+    sd5, sd20 = step_sd(ctx, w, x_req=5.0, gap=0.02), step_sd(ctx, w, x_req=20.0, gap=0.02)
+    (a, _), = tpot_spread(w, sd5)
+    (b, _), = tpot_spread(w, sd20)
+    assert b == pytest.approx(2 * a, rel=1e-9) and a == pytest.approx(sd5 / 10, rel=1e-12)
+    (c, _), = tpot_spread(dataclasses.replace(w, output_len=401), sd5)
     assert c == pytest.approx(a * math.sqrt(100 / 400), rel=1e-9)
 
 

@@ -38,6 +38,15 @@ class ChunkedState:
     """The iterations that prefill one prompt, to its first token."""
     prompts: int = 1
     """Whole prompts one iteration's room holds: the batch a waiting queue is served in."""
+    room: int = 1
+    """Prompt tokens one mixed iteration has room for."""
+    seq: int = 1
+    """Length of the prompts whose causal attention the mixed iteration's chunk carries (length-biased)."""
+
+    def first_for(self, tokens: float) -> float:
+        """The iterations that prefill a prompt of ``tokens`` to its first token: one when it fits the room, else
+        tokens / room iterations' worth of full chunks (its last one partial)."""
+        return max(tokens / self.room, 1.0) * self.t_mixed
 
     @property
     def iteration(self) -> float:
@@ -65,4 +74,26 @@ def chunked_state(ctx: StepContext, work: Workload, resident: int) -> ChunkedSta
     # A prompt longer than the room rides in I / room iterations' worth of full chunks (its last one partial).
     first = max(mean_in / room, 1.0) * t_mixed
     return ChunkedState(decoding=n_d, chunk=chunk, share=share, t_decode=decode_time(ctx, batch=n_d, context=context),
-                        t_mixed=t_mixed, first=first, prompts=max(int(room // max(mean_in, 1.0)), 1))
+                        t_mixed=t_mixed, first=first, prompts=max(int(room // max(mean_in, 1.0)), 1), room=room,
+                        seq=seq)
+
+
+def prompt_firsts(ctx: StepContext, work: Workload, st: ChunkedState) -> tuple[tuple[float, float], ...]:
+    """(time to the first token, probability) per prompt length of ``work`` in the steady state ``st``: a prompt
+    that fits the room rides one iteration beside the other prompts' tokens (the mean iteration's chunk, less a mean
+    prompt, plus its own; priced at the shortest and longest such prompt and linear between, as the chunk's GEMMs
+    are in its rows), a longer one its chunks (``ChunkedState.first_for``)."""
+    bins = work.bins("input")
+    mean_in = sum(p * n for n, p in bins)
+    fits = [n for n, _ in bins if n <= st.room]
+    if not fits:
+        return tuple((st.first_for(n), p) for n, p in bins)
+    short, long = min(fits), max(fits)
+
+    def rides(tokens: int) -> float:
+        chunk = max(int(round(st.chunk - mean_in + tokens)), 1)
+        return mixed_time(ctx, batch=st.decoding, context=work.mean_context, chunk=chunk, seq=st.seq)
+
+    t_short = rides(short)
+    slope = (rides(long) - t_short) / (long - short) if long > short else 0.0
+    return tuple((t_short + slope * (n - short) if n <= st.room else st.first_for(n), p) for n, p in bins)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost.serve_chunked import chunked_state
+from meshplan.cost.serve_chunked import chunked_state, prompt_firsts
 from meshplan.cost.serve_memory import kv_bytes_per_token_per_gpu, kv_capacity_bytes, weight_bytes_per_gpu
 from meshplan.cost.serve_step import StepContext, decode_time, prefill_time, seq_cap, step_budget
 from meshplan.errors import Infeasible
@@ -67,6 +67,18 @@ class ServePrediction:
     """(standard deviation of one request's TPOT, probability) per output length: under Poisson arrivals the
     prompt tokens joining each decode step vary, and a request averages that over its own output (empty =
     every request's TPOT is the mean)."""
+    prefill_spread: tuple[tuple[float, float], ...] = ()
+    """(seconds from the mean prefill to this prompt length's, probability) per prompt length: a longer prompt
+    takes longer to its first token (empty = fixed prompts)."""
+    step_sd: float = 0.0
+    """Standard deviation of one engine step under Poisson arrivals (the prompt tokens it carries vary); the step
+    a prompt joins varies so too (0 = steps are all alike)."""
+    residual_span: float = 0.0
+    """Span of the step (or multi-step round) an arrival finds under way, whose uniform remainder it waits (its
+    mean, half the span, is in ``ttft``)."""
+    decode_spread: tuple[tuple[float, float], ...] = ()
+    """(seconds from the mean decode phase to this output length's, probability) per output length: E2E grows
+    with the tokens a request generates (empty = fixed outputs)."""
     kv_transfer: float = 0.0
     """Prefill-to-decode KV-cache transfer of one request (disaggregated serving)."""
     gpus: int = 0
@@ -187,10 +199,14 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
         t_d, t_p, cycle, tpot = _chunked_steady(st, work, resident)
         # A queue of waiting prompts drains ``st.prompts`` per iteration: every one that fits the room joins it
         k, (stall, share) = st.prompts, ((st.t_mixed - st.t_decode, st.share) if resident > 1 else (0.0, 0.0))
+        firsts = prompt_firsts(ctx, work, st) if len(work.bins("input")) > 1 else ()
     else:
         t_d, t_p, cycle, tpot = steady_state(ctx, work, resident)
         k = prompts_per_step(ctx, work, resident)
         stall, share = prefill_stall(ctx, work, resident=resident, t_p=t_p, k=k)
+        # The step carries k prompts, this one among them: its length moves the step by a k-th of what k prompts
+        # of that length would
+        firsts = tuple((prefill_time(ctx, tokens=n, prompts=k) / k, p) for n, p in work.bins("input"))
     x_req = resident / cycle  # requests/s of one replica
     if work.rate and resident < cap:  # an open loop below the cap serves what arrives (Little's R is rounded)
         x_req = min(x_req, work.rate / replicas) if resident == 1 else work.rate / replicas
@@ -200,6 +216,7 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
     # Multi-step scheduling admits prompts only between rounds of ``multi_step`` decode steps: an arrival waits
     # half a round beyond the step it lands in (vllm@v0.6.0 multi-step scheduler, RFC vllm#6854)
     rounds = 0.0 if work.offline else (ctx.engine.multi_step - 1) * t_d / 2
+    noise = step_sd(ctx, work, x_req=x_req, gap=tpot) if work.rate else 0.0
     ttft = wait + rounds + t_p + t_d / 2 + ctx.request_s
     return ServePrediction(
         ttft=ttft, tpot=tpot, itl=ctx.engine.multi_step * tpot, e2e=ttft + (work.output_len - 1) * tpot,
@@ -208,22 +225,47 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
         resident=resident, kv_capacity_tokens=kv_capacity_tokens(ctx),
         kv_occupancy=min(resident * kv_need(ctx, work) / max(kv_capacity_tokens(ctx), 1), 1.0), limited_by=limit,
         decode_step=t_d, prefill=t_p, wait_fixed=fixed, wait_prob=prob, stall=stall, stall_share=share,
-        tpot_spread=tpot_spread(ctx, work, x_req=x_req, gap=tpot) if work.rate else (),
+        tpot_spread=tpot_spread(work, noise), step_sd=noise,
+        prefill_spread=about_mean(firsts), decode_spread=decode_spread(work, tpot), residual_span=2 * rounds + t_d,
         gpus=replicas * ctx.plan.gpus_per_replica)
 
 
-def tpot_spread(ctx: StepContext, work: Workload, *, x_req: float, gap: float) -> tuple[tuple[float, float], ...]:
-    """Per output length, the standard deviation of a request's TPOT under Poisson arrivals. In-flight batching
-    puts each arrival's prompt into the next engine step (Orca, Yu et al. OSDI 2022), so the prompt tokens a step
-    carries are compound Poisson: variance lambda t E[L^2] over the prompt lengths L, for ``x_req`` arrivals per
-    second and a step of ``gap`` s. Each extra prompt token costs the marginal prefill time of a token (the step's
-    weights are read anyway); a request's TPOT averages O - 1 independent gaps."""
-    if gap <= 0 or x_req <= 0:
+def about_mean(values: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+    """(value - the weighted mean, probability) of (value, probability) pairs; empty for a single value."""
+    if len(values) < 2:
         return ()
+    mean = sum(v * p for v, p in values)
+    return tuple((v - mean, p) for v, p in values)
+
+
+def decode_spread(work: Workload, tpot: float) -> tuple[tuple[float, float], ...]:
+    """Per output length, how much longer than the mean output's its decode phase takes at ``tpot`` a token (the
+    mean E2E charges ``work.output_len - 1`` tokens)."""
+    bins = work.bins("output")
+    if len(bins) < 2:
+        return ()
+    return tuple(((n - work.output_len) * tpot, p) for n, p in bins)
+
+
+def step_sd(ctx: StepContext, work: Workload, *, x_req: float, gap: float) -> float:
+    """Standard deviation of one engine step under Poisson arrivals. In-flight batching puts each arrival's prompt
+    into the next engine step (Orca, Yu et al. OSDI 2022), so the prompt tokens a step carries are compound
+    Poisson: variance lambda t E[L^2] over the prompt lengths L, for ``x_req`` arrivals per second and a step of
+    ``gap`` s. Each extra prompt token costs the marginal prefill time of a token (the step's weights are read
+    anyway)."""
+    if gap <= 0 or x_req <= 0:
+        return 0.0
     bins = work.bins("input")
     mean_len = max(int(round(sum(p * n for n, p in bins))), 1)
     per_token = max(prefill_time(ctx, tokens=mean_len, prompts=2) - prefill_time(ctx, tokens=mean_len), 0.0) / mean_len
-    gap_sd = per_token * (x_req * gap * sum(p * n * n for n, p in bins)) ** 0.5
+    return per_token * (x_req * gap * sum(p * n * n for n, p in bins)) ** 0.5
+
+
+def tpot_spread(work: Workload, gap_sd: float) -> tuple[tuple[float, float], ...]:
+    """Per output length, the standard deviation of a request's TPOT: it averages O - 1 independent steps of
+    standard deviation ``gap_sd`` (``step_sd``)."""
+    if gap_sd <= 0:
+        return ()
     return tuple((gap_sd / max(o - 1, 1) ** 0.5, p) for o, p in work.bins("output"))
 
 
