@@ -111,3 +111,20 @@ def test_a_real_histogram_workload_spreads_its_tails():
         # the longest prompt is the slowest to its first token, the shortest the quickest
         offsets = [x for x, _ in p.prefill_spread]
         assert offsets[-1] == max(offsets) > 0 > min(offsets) == offsets[0]
+
+
+def test_disaggregated_serving_spreads_its_tails_too():
+    """The decode pool's E2E waits each request's own output and the prefill pool's TTFT its own prompt: the
+    offsets are the plain decode step per token beyond the mean output, and each prompt length's lone prefill."""
+    from meshplan.cost.serve_disagg import predict_disagg
+    from meshplan.cost.serve_step import prefill_time
+
+    model, pool = catalog.model("llama3.1-8b"), catalog.cluster("2xh100-sxm").pools[0]
+    ctx = step_context(model, pool, ServePlan(tp=1, engine="vllm"), catalog.engine("vllm"), load_constants())
+    work = catalog.dataset("openorca-mlperf").workload(rate=2.0)
+    p = predict_disagg(ctx, ctx, work, n_prefill=1, n_decode=1)
+    (n, _), (d, _) = max(work.bins("output")), max(p.decode_spread)
+    assert d == pytest.approx((n - work.output_len) * p.tpot)
+    firsts = [prefill_time(ctx, tokens=n) for n, _ in work.bins("input")]
+    assert p.prefill_spread[-1][0] - p.prefill_spread[0][0] == pytest.approx(firsts[-1] - firsts[0])
+    assert quantile(p, "e2e", 0.99) > 2.5 * p.e2e and quantile(p, "ttft", 0.99) > p.ttft

@@ -13,13 +13,15 @@ from __future__ import annotations
 from meshplan.cost.comm import collective_time
 from meshplan.cost.serve_load import (
     ServePrediction,
+    about_mean,
+    decode_spread,
     kv_capacity_tokens,
     kv_need,
     mean_prefill,
     resident_under_load,
 )
 from meshplan.cost.serve_memory import kv_bytes_per_token
-from meshplan.cost.serve_step import StepContext, decode_time
+from meshplan.cost.serve_step import StepContext, decode_time, prefill_time
 from meshplan.spec.cluster import group_link
 from meshplan.spec.serving import Workload
 
@@ -72,7 +74,8 @@ def predict_disagg(pre: StepContext, dec: StepContext, work: Workload, *, n_pref
         prompt_tokens_per_s=x * work.input_len, resident=resident,
         kv_capacity_tokens=kv_capacity_tokens(dec), kv_occupancy=occupancy,
         limited_by=limit, decode_step=t_d, prefill=t_p, wait_fixed=fixed, wait_prob=prob, kv_transfer=t_kv,
-        gpus=gpus)
+        prefill_spread=about_mean(tuple((prefill_time(pre, tokens=n), p) for n, p in work.bins("input"))),
+        decode_spread=decode_spread(work, t_d), gpus=gpus)
 
 
 def _open_resident(dec: StepContext, work: Workload, cap: int, n_decode: int) -> tuple[int, str]:
