@@ -33,13 +33,12 @@ def test_with_nothing_spread_the_quantile_is_the_mean():
 
 
 def test_the_step_under_way_is_a_uniform_remainder():
-    """Six equal shares of a 0.12 s step, about its mean: the p99 request lands at the start of the step, so it
-    waits the top share's midpoint, (5.5 / 6 - 1/2) x 0.12 s beyond the mean half-step; the median at the mean's
-    share, the third of six (2.5 / 6 - 1/2) x 0.12 s below it."""
-    assert RESIDUAL_POINTS == 6
+    """Seven equal shares of a 0.12 s step, about its mean: the p99 request lands at the start of the step, so it
+    waits the top share's midpoint, (6.5 / 7 - 1/2) x 0.12 s beyond the mean half-step; the median the mean."""
+    assert RESIDUAL_POINTS == 7
     p = pred(residual_span=0.12)
-    assert quantile(p, "ttft", 0.99) == pytest.approx(1.0 + (5.5 / 6 - 0.5) * 0.12, abs=1e-12)
-    assert quantile(p, "ttft", 0.5) == pytest.approx(1.0 + (2.5 / 6 - 0.5) * 0.12, abs=1e-12)
+    assert quantile(p, "ttft", 0.99) == pytest.approx(1.0 + (6.5 / 7 - 0.5) * 0.12, abs=1e-12)
+    assert quantile(p, "ttft", 0.5) == pytest.approx(1.0, abs=1e-12)
 
 
 def test_two_prompt_lengths_under_an_exponential_wait():

@@ -13,11 +13,13 @@ are infeasible.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from meshplan.cost.serve_chunked import chunked_state, prompt_firsts
 from meshplan.cost.serve_memory import kv_bytes_per_token_per_gpu, kv_capacity_bytes, weight_bytes_per_gpu
 from meshplan.cost.serve_step import StepContext, decode_time, prefill_time, seq_cap, step_budget
+from meshplan.cost.serve_wander import Wander, wander
 from meshplan.errors import Infeasible
 from meshplan.spec.hardware import GiB
 from meshplan.spec.serving import Workload
@@ -217,6 +219,7 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
     # half a round beyond the step it lands in (vllm@v0.6.0 multi-step scheduler, RFC vllm#6854)
     rounds = 0.0 if work.offline else (ctx.engine.multi_step - 1) * t_d / 2
     noise = step_sd(ctx, work, x_req=x_req, gap=tpot) if work.rate else 0.0
+    batch = wander(ctx, work, steady_state, resident=resident, cap=cap, rate=work.rate / replicas)
     ttft = wait + rounds + t_p + t_d / 2 + ctx.request_s
     return ServePrediction(
         ttft=ttft, tpot=tpot, itl=ctx.engine.multi_step * tpot, e2e=ttft + (work.output_len - 1) * tpot,
@@ -225,7 +228,7 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
         resident=resident, kv_capacity_tokens=kv_capacity_tokens(ctx),
         kv_occupancy=min(resident * kv_need(ctx, work) / max(kv_capacity_tokens(ctx), 1), 1.0), limited_by=limit,
         decode_step=t_d, prefill=t_p, wait_fixed=fixed, wait_prob=prob, stall=stall, stall_share=share,
-        tpot_spread=tpot_spread(work, noise), step_sd=noise,
+        tpot_spread=tpot_spread(work, noise, batch, tpot), step_sd=noise,
         prefill_spread=about_mean(firsts), decode_spread=decode_spread(work, tpot), residual_span=2 * rounds + t_d,
         gpus=replicas * ctx.plan.gpus_per_replica)
 
@@ -261,12 +264,19 @@ def step_sd(ctx: StepContext, work: Workload, *, x_req: float, gap: float) -> fl
     return per_token * (x_req * gap * sum(p * n * n for n, p in bins)) ** 0.5
 
 
-def tpot_spread(work: Workload, gap_sd: float) -> tuple[tuple[float, float], ...]:
+def tpot_spread(work: Workload, gap_sd: float, batch: Wander | None = None,
+                tpot: float = 0.0) -> tuple[tuple[float, float], ...]:
     """Per output length, the standard deviation of a request's TPOT: it averages O - 1 independent steps of
-    standard deviation ``gap_sd`` (``step_sd``)."""
-    if gap_sd <= 0:
+    standard deviation ``gap_sd`` (``step_sd``), and, under an open loop, the batch it shares wanders (``batch``,
+    averaged over its O tokens at ``tpot``; independent of the steps' noise)."""
+    if gap_sd <= 0 and batch is None:
         return ()
-    return tuple((gap_sd / max(o - 1, 1) ** 0.5, p) for o, p in work.bins("output"))
+
+    def sd(o: int) -> float:
+        wandered = batch.tpot_sd(o * tpot) if batch is not None else 0.0
+        return math.hypot(gap_sd / max(o - 1, 1) ** 0.5, wandered)
+
+    return tuple((sd(o), p) for o, p in work.bins("output"))
 
 
 def mean_prefill(ctx: StepContext, work: Workload, prompts: int = 1) -> float:

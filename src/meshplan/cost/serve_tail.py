@@ -41,9 +41,9 @@ def wait_quantile(pred: ServePrediction, q: float) -> float:
     return pred.wait_fixed + spread / p * math.log(p / (1 - q))
 
 
-RESIDUAL_POINTS = 6
+RESIDUAL_POINTS = 7
 """Points (at the midpoints of equal shares) that stand for a continuous offset: the uniform residual of the step
-an arrival lands in, the normal spread of the step its prompt joins."""
+an arrival lands in, the normal spread of the step its prompt joins (odd, so that the middle one is the median)."""
 
 
 def wait_above(pred: ServePrediction, w: np.ndarray) -> np.ndarray:
