@@ -16,7 +16,7 @@ BASE = ["estimate", "--model", "llama3-8b", "--gpus", "8xh100-sxm", "--global-ba
      "unknown gpu"),
     (["estimate", "--model", "llama3-8b", "--gpus", "eightxh100", "--global-batch", "8", "--seq-len", "8"],
      "expected COUNTxGPU"),
-    (BASE + ["--tp", "3"], "cannot be derived"),
+    (BASE + ["--tp", "3"], "must divide the 8 GPUs"),
     (BASE + ["--tp", "16", "--dp", "1"], "the cluster has 8"),
     (BASE + ["--tp", "8", "--dp", "1", "--micro-batch", "2", "--global-batch", "7"], "multiple of dp*micro_batch"),
     (BASE + ["--recompute", "some"], "must be one of none, selective, full"),

@@ -49,9 +49,24 @@ def build_plan(base: Plan | None, flags: dict, n_gpus: int) -> Plan:
     if "dp" not in fields:
         rest = fields.get("tp", 1) * fields.get("pp", 1) * fields.get("cp", 1)
         if n_gpus % rest:
-            raise SpecError("--dp", None, f"cannot be derived: tp*pp*cp={rest} does not divide {n_gpus} GPUs")
+            raise SpecError("--tp x --pp x --cp", rest, f"must divide the {n_gpus} GPUs (the data-parallel degree "
+                            "is what they leave)")
         fields["dp"] = n_gpus // rest
+    _check_knobs(fields)
     return Plan(**fields)
+
+
+def _check_knobs(fields: dict) -> None:
+    """Knobs that mean nothing without another are refused, not dropped."""
+    if fields.get("dp_shard") and not fields.get("zero"):
+        raise SpecError("--dp-shard", fields["dp_shard"], "shards ZeRO/FSDP states: give --zero 1, 2 or 3 with it")
+    if fields.get("schedule") and fields.get("pp", 1) == 1:
+        raise SpecError("--schedule", fields["schedule"], "orders pipeline stages: give --pp 2 or more with it")
+    if fields.get("recompute_layers") and fields.get("recompute", "none") != "full":
+        raise SpecError("--recompute-layers", fields["recompute_layers"], "counts fully recomputed layers: give "
+                        "--recompute full with it")
+    if fields.get("sp") and fields.get("tp", 1) == 1:
+        raise SpecError("--sp", True, "splits the sequence over the TP group: give --tp 2 or more with it")
 
 
 def render(est, model, cluster, plan, stack=None, width: int = 80) -> str:
@@ -160,6 +175,12 @@ def register(app: typer.Typer) -> None:
         the_plan = build_plan(base, {k: local[k] for k in PLAN_FLAGS}, clu.n_gpus)
         stack = resolve_framework(the_plan.framework, file_settings=refs.get("framework"),
                                   flags={k: local[k] for k in STACK_FLAGS})
+        if schedule_file and schedule:
+            raise SpecError("--schedule", schedule, "and --schedule-file both name the schedule: give one")
+        per_rank = -(-mdl.n_layers // the_plan.pp)
+        if the_plan.recompute_layers > per_rank:
+            raise SpecError("--recompute-layers", the_plan.recompute_layers, f"exceeds the {per_rank} layers per "
+                            f"pipeline rank of {mdl.name} at pp={the_plan.pp} (0 = all of them)")
         sched_obj = _load_schedule(schedule_file, the_plan) if schedule_file else None
         if mdl.max_seq_len and the_plan.seq_len > mdl.max_seq_len:
             print(f"note: seq_len {the_plan.seq_len} exceeds {mdl.name}'s {mdl.max_seq_len} trained positions; the "

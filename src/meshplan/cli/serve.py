@@ -6,6 +6,7 @@ printed), 2 for user errors.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
            f"({', '.join(catalog.dataset_names())})")
     if text.lower() in catalog.dataset_names():
         return catalog.dataset(text.lower()).bins("output" if "output" in flag else "input")
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         if int(text) < 1:
             raise SpecError(flag, text, "must be >= 1 token")
         return ((int(text), 1.0),)
@@ -55,7 +56,10 @@ def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
     if ":" not in text and not path.is_file():
         raise SpecError(flag, text, f"expected {fmt}")
     if path.is_file():
-        raw = path.read_text()
+        try:
+            raw = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError(flag, text, f"cannot be read as a text file of length,weight lines ({exc})") from None
         try:
             pairs = json.loads(raw) if raw.lstrip().startswith("[") else [
                 line.replace(",", ":").split(":") for line in raw.splitlines()
@@ -68,16 +72,18 @@ def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
         bins = tuple((int(n), float(w)) for n, w in pairs)
     except (TypeError, ValueError):
         raise SpecError(flag, text, f"expected {fmt}") from None
-    if not bins or any(n < 1 or not w > 0 for n, w in bins):
-        raise SpecError(flag, text, "every length must be >= 1 token and every weight > 0")
+    if not bins or any(n < 1 or not 0 < w < math.inf for n, w in bins):
+        raise SpecError(flag, text, "every length must be >= 1 token and every weight a finite number > 0")
+    if not math.isfinite(sum(w for _, w in bins)):
+        raise SpecError(flag, text, "the weights overflow when added: scale them down (only their ratios count)")
     return bins
 
 
 def _ms(flag: str, value: float) -> float:
     from meshplan.errors import SpecError
 
-    if value < 0 or value != value:
-        raise SpecError(flag, value, "must be a time in milliseconds >= 0 (0 = no target)")
+    if not 0 <= value < math.inf:
+        raise SpecError(flag, value, "must be a finite time in milliseconds >= 0 (0 = no target)")
     return value / 1e3
 
 
@@ -89,7 +95,7 @@ def build_request(*, model_ref: str, gpus: str, cluster_file: str, engine: str, 
     from meshplan.cli.common import resolve_cluster, resolve_model
     from meshplan.errors import SpecError
     from meshplan.search.serve import ServeRequest, Slo
-    from meshplan.spec.serving import KV_DTYPES, WEIGHT_DTYPES, workload_from_hist
+    from meshplan.spec.serving import KV_DTYPES, MAX_CLIENTS, WEIGHT_DTYPES, workload_from_hist
 
     model = resolve_model(model_ref)
     cluster = resolve_cluster(gpus or None, cluster_file or None)
@@ -107,6 +113,11 @@ def build_request(*, model_ref: str, gpus: str, cluster_file: str, engine: str, 
         raise SpecError("--tp x --pp", layout["tp"] * layout["pp"], f"exceeds the {n} GPUs of {cluster.describe()}")
     s = Slo(ttft=_ms("--ttft-ms", slo["ttft_ms"]), tpot=_ms("--tpot-ms", slo["tpot_ms"]),
             percentile=_percentile(slo["percentile"]))
+    if not 0 <= work["rate"] < math.inf:
+        raise SpecError("--rate", work["rate"], "must be a finite number of requests per second (0 = no open loop)")
+    if work["concurrency"] > MAX_CLIENTS:
+        raise SpecError("--concurrency", work["concurrency"], f"must be at most {MAX_CLIENTS:,} clients: a load that "
+                        "large is an open loop (give --rate)")
     w = workload_from_hist(lengths("--input-len", work.pop("input_len")), lengths("--output-len",
                                                                                   work.pop("output_len")), **work)
     longest = getattr(model, "max_seq_len", 0)
@@ -211,8 +222,8 @@ def serve_cmd(
     """Find the serving deployment with the most throughput (or least cost, or latency) that meets the SLOs."""
     from meshplan.errors import SpecError
 
-    if price < 0 or price != price:
-        raise SpecError("--price", price, "must be dollars per GPU-hour > 0")
+    if not 0 <= price < math.inf:
+        raise SpecError("--price", price, "must be a finite number of dollars per GPU-hour (0 = the catalog's)")
     export = _export_option(export_dir, checkpoint, allow_approximate, engine)
     req = build_request(
         model_ref=model, gpus=gpus, cluster_file=cluster, engine=engine,

@@ -103,19 +103,24 @@ def _with_recompute(ev: Evaluation, variant: ClusterSpec, plan: Plan, mode: str,
 
 
 def ladder(ev: Evaluation, variant: ClusterSpec, plan: Plan) -> None:
-    """Least recompute that fits: none; else selective and full on the fewest layers per rank."""
+    """Least recompute that fits: none; else selective and full on the fewest layers per rank. A pinned mode is
+    the only one tried, even where less recompute would fit."""
     space = ev.space
+    pin = space.request.pins.get("recompute")
     base = _with_recompute(ev, variant, plan, "none")
     if base is None:
         return
-    if fits(space, base):
-        ev.front.add(space, base)
-        return
-    if not space.request.exhaustive and space.key(variant, base.estimate.step_time, base.plan) >= \
-            ev.front.bound_key(space.request.top):
-        ev.tally.pruned["bound (recompute only adds time)"] += 1
-        return
-    pin = space.request.pins.get("recompute")
+    if pin in (None, "none"):
+        if fits(space, base):
+            ev.front.add(space, base)
+            return
+        if pin == "none":
+            ev.tally.pruned["memory"] += 1
+            return
+        if not space.request.exhaustive and space.key(variant, base.estimate.step_time, base.plan) >= \
+                ev.front.bound_key(space.request.top):
+            ev.tally.pruned["bound (recompute only adds time)"] += 1
+            return
     found = False
     if space.selective_allowed() and any(b.layer.attention for b in space.model.blocks):
         sel = _with_recompute(ev, variant, plan, "selective")
@@ -138,8 +143,14 @@ def _partial_full(ev: Evaluation, variant: ClusterSpec, plan: Plan, base: Ranked
         else -(-space.model.n_layers // plan.pp)
     span = max(base.estimate.peak_memory - full.estimate.peak_memory, 1.0)
     k = max(1, math.ceil(over(space, base) / span * per_rank))
-    if "recompute_layers" in space.request.pins:
+    if "recompute_layers" in space.request.pins:  # the pinned count only, fitting or not
         k = space.request.pins["recompute_layers"] or per_rank
+        rp = full if k >= per_rank else _with_recompute(ev, variant, plan, "full", k)
+        if rp is not None and fits(space, rp):
+            ev.front.add(space, rp)
+        else:
+            ev.tally.pruned["memory"] += 1
+        return
     while k < per_rank:
         rp = _with_recompute(ev, variant, plan, "full", k)
         if rp is not None and fits(space, rp):

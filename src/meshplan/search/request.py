@@ -84,6 +84,9 @@ class SearchRequest:
         bad = sorted(set(self.pins) - set(PIN_FIELDS))
         if bad:
             raise SpecError("request.pins", bad, f"can pin only {', '.join(PIN_FIELDS)}")
+        if self.pins.get("sp") and self.pins.get("tp") == 1:
+            raise SpecError("--sp", True, "splits the sequence over the TP group: needs --tp 2 or more (or leave "
+                            "tp to the search)")
 
     def pinned(self, name: str, default=None):
         """The pinned value of ``name`` or ``default``."""

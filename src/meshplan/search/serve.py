@@ -47,6 +47,11 @@ class Slo:
             raise SpecError("slo.percentile", self.percentile, "must be between 0 and 1, e.g. 0.9 for p90")
 
 
+MAX_SEQ_CAP = 65_536
+"""Largest running-sequence cap a pin may ask for (engines ship 256 to 2,048; TensorRT-LLM's build tops at 4,096
+by default)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServeRequest:
     """What to serve, where, under which load and targets, and what the user pinned (0 = searched)."""
@@ -98,6 +103,7 @@ class ServeRequest:
                    "or trtllm")
             raise SpecError("--attn-dp", self.attn_dp, why)
         node = min(self.cluster.pools[0].gpus_per_node, self.cluster.n_gpus)
+        self._check_pins(node)
         self._check_ep(node)
         if self.attn_dp > 1 and max(self.tp, 1) * self.attn_dp > node:
             raise SpecError("--attn-dp", self.attn_dp, f"tp x attn_dp = {max(self.tp, 1)} x {self.attn_dp} must fit "
@@ -105,6 +111,23 @@ class ServeRequest:
         if not self.cluster.homogeneous:
             raise SpecError("gpus", self.cluster.describe(), "serving plans one GPU type; give one pool, e.g. "
                             f"{self.cluster.pools[0].n_gpus}x{self.cluster.pools[0].gpu.name}")
+
+    def _check_pins(self, node: int) -> None:
+        """A pinned tp, pp, attn_dp or running-sequence cap must be one the search can try; refused here rather
+        than reported as "nothing fits"."""
+        if self.tp and self.tp not in (opts := tp_options(self.model, self.pool, 0)):
+            raise SpecError("--tp", self.tp, f"must be one of {', '.join(map(str, opts))} for {self.model.name} on "
+                            f"{node}-GPU nodes: inside a node, dividing its attention heads, its KV heads dividing "
+                            "tp or tp dividing them")
+        if self.pp and self.pp not in (opts := pp_options(self.model, self.cluster.n_gpus, max(self.tp, 1), 0,
+                                                          self.engine.max_pp)):
+            raise SpecError("--pp", self.pp, f"must be one of {', '.join(map(str, opts)) or 'none'} here (powers "
+                            "of two, at most the layers and the GPUs left by tp)")
+        if self.attn_dp > 1 and self.attn_dp & (self.attn_dp - 1):
+            raise SpecError("--attn-dp", self.attn_dp, "must be a power of two (2, 4, 8 attention groups)")
+        if self.max_num_seqs > MAX_SEQ_CAP:
+            raise SpecError("--max-num-seqs", self.max_num_seqs, f"must be at most {MAX_SEQ_CAP:,} (0 = the "
+                            "profile's): every engine sizes its buffers by it")
 
     def _check_ep(self, node: int) -> None:
         """A pinned ep must be a layout the search has: whole experts over a group of GPUs that run them together

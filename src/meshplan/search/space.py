@@ -97,6 +97,9 @@ def degree_tuples(model: ModelSpec, cluster: ClusterSpec, req: SearchRequest, pr
     for tp in divisors(n):
         if not _pin_ok(req, "tp", tp):
             continue
+        if tp == 1 and req.pins.get("sp"):  # a pinned sequence parallelism needs a TP group to split over
+            pruned["sp pinned, tp 1"] += 1
+            continue
         if tp > dom and "tp" not in req.pins:
             pruned["tp crosses the scale-up domain"] += 1
             continue

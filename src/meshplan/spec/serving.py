@@ -3,6 +3,7 @@ What the engine does is its ``EngineProfile`` (``spec.engine``); the hardware is
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from meshplan.errors import SpecError
@@ -88,6 +89,11 @@ class ServePlan:
         return DTYPE_BYTES[self.kv_dtype]
 
 
+MAX_CLIENTS = 100_000
+"""Most clients of a closed loop: the benchmark replay keeps every client (a second per ~40,000 on this project's
+CI machine), and no serving benchmark runs more than a few thousand."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Workload:
     """Requests of ``input_len`` prompt tokens generating ``output_len`` tokens, under a closed loop of
@@ -112,11 +118,14 @@ class Workload:
         for name in ("input_hist", "output_hist"):
             for length, weight in getattr(self, name):
                 _int(f"workload.{name} length", length, 1)
-                if not isinstance(weight, (int, float)) or not weight > 0:
-                    raise SpecError(f"workload.{name} weight", weight, "must be a number > 0")
+                if not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
+                    raise SpecError(f"workload.{name} weight", weight, "must be a finite number > 0")
         _int("workload.concurrency", self.concurrency, 0)
-        if not isinstance(self.rate, (int, float)) or self.rate < 0 or self.rate != self.rate:
-            raise SpecError("workload.rate", self.rate, "must be a number of requests per second >= 0")
+        if self.concurrency > MAX_CLIENTS:
+            raise SpecError("workload.concurrency", self.concurrency, f"must be at most {MAX_CLIENTS:,} clients: "
+                            "a load that large is an open loop (give its arrival rate)")
+        if not isinstance(self.rate, (int, float)) or not 0 <= self.rate < math.inf:
+            raise SpecError("workload.rate", self.rate, "must be a finite number of requests per second >= 0")
         if self.concurrency and self.rate:
             raise SpecError("workload", f"concurrency={self.concurrency}, rate={self.rate}",
                             "give a closed loop (concurrency) or an open loop (rate), not both")
