@@ -61,9 +61,12 @@ def _int(row: dict, key: str, default: int | None = None) -> int:
             raise SpecError(key, v, "is empty and has no default")
         return default
     try:
-        return int(float(v))
+        x = float(v)
     except ValueError:
-        raise SpecError(key, v, "must be a number") from None
+        raise SpecError(key, v, "must be a whole number") from None
+    if not x.is_integer():
+        raise SpecError(key, v, "must be a whole number")
+    return int(x)
 
 
 def _note_int(notes: str, pattern: str) -> int:
@@ -76,10 +79,21 @@ def _activation(row: dict, notes: str) -> str:
     for word, act in (("squared-relu", "relu2"), ("squared relu", "relu2"), ("geglu", "geglu"), ("swiglu", "swiglu")):
         if word in low:
             return act
-    if row["arch"] == "moe":
+    if _arch(row) == "moe":
         return "swiglu"
     # GPT-style models use ffn = 4h with GeLU; any other width is a gated (SwiGLU) FFN.
     return "gelu" if _int(row, "ffn_hidden") == 4 * _int(row, "hidden") else "swiglu"
+
+
+ARCHS = ("dense", "moe")
+
+
+def _arch(row: dict) -> str:
+    """``dense`` or ``moe`` (any case, as the dataset spells it)."""
+    arch = (row.get("arch") or "").strip().lower()
+    if arch not in ARCHS:
+        raise SpecError("arch", row.get("arch"), f"must be one of {', '.join(ARCHS)}")
+    return arch
 
 
 def row_model(row: dict) -> ModelSpec:
@@ -98,7 +112,7 @@ def row_model(row: dict) -> ModelSpec:
         kw.update(attention_kind="mla", q_lora_rank=_note_int(notes, r"q_lora (\d+)") or 1536,
                   kv_lora_rank=_note_int(notes, r"kv_lora (\d+)") or 512, qk_rope_head_dim=64, v_head_dim=128,
                   head_dim=128)
-    if row["arch"] == "moe":
+    if _arch(row) == "moe":
         cf = re.search(r"capacity factor ([\d.]+)", notes, flags=re.IGNORECASE)
         moe = MoESpec(n_experts=_int(row, "n_experts"), top_k=_int(row, "top_k"),
                       expert_ffn_hidden=_int(row, "moe_ffn_hidden", _int(row, "ffn_hidden")),

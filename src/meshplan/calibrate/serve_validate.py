@@ -5,6 +5,7 @@ and every row predicted "out of memory" although it ran (must be none)."""
 from __future__ import annotations
 
 import csv
+import math
 import re
 import statistics
 from dataclasses import dataclass
@@ -222,6 +223,8 @@ def row_context(row: dict, constants: dict) -> tuple[StepContext, ServePlan, Wor
     """A row's replica as the step model sees it (the engine sized for the workload, the source's pinned
     running-batch cap), its deployment and its workload."""
     engine = row_engine(row)
+    if (row.get("n_gpus") or "").strip() and _int(row, "n_gpus") < 1:
+        raise SpecError(f"{row['id']}.n_gpus", row["n_gpus"], "must be a whole number of GPUs >= 1")
     plan, work = row_plan(row, engine), row_workload(row)
     model, gpu = catalog.model(row["model_key"].strip()), catalog.gpu(row["gpu_key"].strip())
     cluster = catalog.cluster(f"{plan.gpus_per_replica}x{gpu.name}")
@@ -254,9 +257,12 @@ def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
             return None, (f"no rate meets the {scenario.name} scenario's p{100 * scenario.percentile:g} "
                           f"TTFT {1e3 * scenario.ttft:g} ms / TPOT {1e3 * scenario.tpot:g} ms")
         pred = cap.prediction
-    measured = float(row["value"])
-    if not measured > 0:
-        raise SpecError(f"{row['id']}.value", row["value"], "must be a positive measurement")
+    try:
+        measured = float(row["value"])
+    except (TypeError, ValueError):
+        measured = math.nan
+    if not 0 < measured < math.inf:
+        raise SpecError(f"{row['id']}.value", row["value"], "must be a positive, finite measurement")
     value = reported(pred, metric, engine)
     if metric == "ttft_ms" and work.concurrency > 1:  # clients that start together: replay the benchmark run
         value = 1e3 * _statistic(benchmark_run(ctx, work, replicas=plan.replicas).ttft, engine)
@@ -304,5 +310,8 @@ def validate_serving_csv(path: str | Path, constants: dict | None = None) -> Ser
             else:
                 rows.append(got)
     if not rows:
-        raise SpecError("file", str(p), f"no row could be predicted ({len(skipped)} skipped)")
+        first = skipped[0] if skipped else oom[0] if oom else None
+        why = f"; first: {first[0]}: {first[1]}" if first else ": it has no rows"
+        raise SpecError("file", str(p), f"no row could be predicted ({len(skipped)} skipped, {len(oom)} out of "
+                        f"memory){why}")
     return ServeReport(rows=tuple(rows), skipped=tuple(skipped), false_oom=tuple(oom))

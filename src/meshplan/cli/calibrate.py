@@ -81,15 +81,19 @@ def _check_host(nproc: int) -> None:
                         f"{host.memory / 2**30:.1f} GiB available")
 
 
-def profile_toml(bench: dict, *, base: str, name: str) -> str:
-    """The fitted profile as catalog TOML text."""
+def profile_toml(bench: dict, *, base: str, name: str, source: str = "the benchmarks") -> str:
+    """The fitted profile as catalog TOML text (``source``: where ``bench`` came from, for errors)."""
     import tomli_w
 
     from meshplan import catalog
     from meshplan.calibrate.local import fit_profile
     from meshplan.spec.io import gpu_to_dict
 
-    gpu = fit_profile(bench, base=catalog.gpu(base), name=name)
+    try:
+        gpu = fit_profile(bench, base=catalog.gpu(base), name=name)
+    except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:  # a hand-edited or cut raw file
+        raise SpecError("--raw", source, f"is incomplete or malformed ({type(exc).__name__}: {exc}); write one "
+                        "with --save-raw") from None
     d = gpu_to_dict(gpu)
     d = {k: v for k, v in d.items() if k not in ("peak_tflops", "calibration")} | \
         {"peak_tflops": d["peak_tflops"], "calibration": d.get("calibration", {})}
@@ -99,7 +103,7 @@ def profile_toml(bench: dict, *, base: str, name: str) -> str:
 def calibrate_to(out: str, *, nproc: int, base: str, min_time_s: float, raw: str | None = None) -> str:
     """Benchmark (or read ``raw`` timings), fit, write ``out``; returns the TOML text."""
     bench = read_raw(raw) if raw else run_bench(nproc=nproc, min_time_s=min_time_s)
-    text = profile_toml(bench, base=base, name=Path(out).stem)
+    text = profile_toml(bench, base=base, name=Path(out).stem, source=raw or "the benchmarks")
     Path(out).write_text(text)
     return text
 
@@ -142,7 +146,7 @@ def register(app: typer.Typer) -> None:
                 bench = run_bench(nproc=nproc, min_time_s=min_time)
         if save_raw:
             Path(save_raw).write_text(json.dumps(bench, indent=1))
-        text = profile_toml(bench, base=base, name=Path(out).stem)
+        text = profile_toml(bench, base=base, name=Path(out).stem, source=raw or "the benchmarks")
         Path(out).write_text(text)
         typer.echo(text.rstrip())
         typer.echo(f"wrote {out}; use it as --gpus {nproc}x{out}")

@@ -26,6 +26,9 @@ def render(report, width: int = 80) -> str:
     con.print(t)
     for i, why in report.skipped:
         con.print(f"skipped {i}: {why}")
+    for r in report.rows:  # a stack without a profile is predicted as another's: said, not hidden
+        if "no profile" in r.framework:
+            con.print(f"note {r.id}: {r.framework}")
     con.print(f"n={len(report.rows)}  MAPE {report.mape:.1f} %  median {report.median_ape:.1f} %  "
               f"max {report.max_ape:.1f} %  skipped {len(report.skipped)}")
     if report.pairs:

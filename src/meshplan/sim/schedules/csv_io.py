@@ -37,19 +37,23 @@ def _cell_actions(cell: str) -> list[Action]:
 def _read_rows(path: str) -> tuple[list[list[Action]], list[list[int]]]:
     """Per rank: compute actions, and the file column (step) each came from."""
     rows, cols = [], []
-    with open(path, newline="") as fh:
-        for rank, cells in enumerate(csv.reader(fh)):
-            acts, where = [], []
-            for step, cell in enumerate(cells):
-                try:
-                    found = _cell_actions(cell)
-                except ValueError as exc:
-                    raise ScheduleError(f"bad action token: {exc}", rank=rank, step=step, action=cell.strip(),
-                                        source=path) from None
-                acts += found
-                where += [step] * len(found)
-            rows.append(acts)
-            cols.append(where)
+    try:
+        with open(path, newline="") as fh:
+            lines = list(csv.reader(fh))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ScheduleError(f"is not a text CSV of actions ({exc})", source=path) from None
+    for rank, cells in enumerate(lines):
+        acts, where = [], []
+        for step, cell in enumerate(cells):
+            try:
+                found = _cell_actions(cell)
+            except ValueError as exc:
+                raise ScheduleError(f"bad action token: {exc}", rank=rank, step=step, action=cell.strip(),
+                                    source=path) from None
+            acts += found
+            where += [step] * len(found)
+        rows.append(acts)
+        cols.append(where)
     return rows, cols
 
 
@@ -81,6 +85,11 @@ def load_schedule_csv(path: str | Path) -> Schedule:
         raise ScheduleError("has no actions", source=src)
     placement = _placement(rows, cols, src)
     n_micro = max(a.microbatch for acts in rows for a in acts) + 1
+    actions = sum(len(acts) for acts in rows)
+    if n_micro * len(placement) > actions:  # every micro-batch passes every stage: checked before any table is built
+        raise ScheduleError(f"names micro-batch {n_micro - 1} but holds only {actions} actions for "
+                            f"{len(placement)} stages: micro-batches must be numbered 0, 1, ... without gaps",
+                            source=src)
     sched = Schedule(name=src, pp=len(rows), n_stages=len(placement), n_micro=n_micro, placement=placement,
                      actions=tuple(tuple(acts) for acts in rows))
     try:
