@@ -52,6 +52,14 @@ def binary_file(tmp_path):
     (EST + ["--sp", "--tp", "1"], "give --tp 2 or more"),
     (EST + ["--tp", "3"], "must divide the 8 GPUs"),
     (PLAN + ["--sp", "--tp", "1"], "needs --tp 2 or more"),
+    (PLAN + ["--framework", ""], "is empty: name a stack profile"),
+    (PLAN + ["--price", "h100-sxm=2,h100-sxm=3"], "prices h100-sxm twice"),
+    (["plan", "--model", "mixtral-8x7b", "--gpus", "8xh100-sxm", "--global-batch", "64", "--seq-len", "4096",
+      "--ep", "2", "--etp", "3"], "etp=3 must be 1 or a tp degree"),
+    (["plan", "--model", "mixtral-8x7b", "--gpus", "8xh100-sxm", "--global-batch", "64", "--seq-len", "4096",
+      "--etp", "4", "--tp", "2"], "etp=4 must be 1 or the tp degree"),
+    (_serve("--checkpoint", "org/model"), "applies to --export only"),
+    (_serve("--gpus", "8xh100-sxm+8xserver"), "serving runs no parameter servers"),
 ])
 def test_refused_in_one_line(argv, needle, capsys):
     assert main(argv) == 2

@@ -37,6 +37,8 @@ def resolve_framework(name: str | None, *, file_settings: dict | None = None,
     """The software stack: the catalog preset ``name`` (a plan's ``framework``, or ``--framework``), with the plan
     file's ``[framework]`` settings and then the command's flags (``--grad-dtype``...) on top; None-valued flags
     are not given."""
+    if name is not None and not name.strip():
+        raise SpecError("--framework", name, f"is empty: name a stack profile (default {catalog.DEFAULT_FRAMEWORK})")
     profile = catalog.framework(name or catalog.DEFAULT_FRAMEWORK)
     changes = {**(file_settings or {}), **{k: v for k, v in (flags or {}).items() if v is not None}}
     return profile.with_(**changes) if changes else profile

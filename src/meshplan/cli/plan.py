@@ -36,6 +36,9 @@ def _prices(text: str) -> dict:
     out = {}
     for part in text.split(","):
         name, sep, value = part.partition("=")
+        key = name.strip() if sep else "*"
+        if key in out:
+            raise SpecError("--price", text, f"prices {key} twice: give each GPU type one price")
         try:
             if sep:
                 out[name.strip()] = float(value)

@@ -99,6 +99,8 @@ def build_request(*, model_ref: str, gpus: str, cluster_file: str, engine: str, 
 
     model = resolve_model(model_ref)
     cluster = resolve_cluster(gpus or None, cluster_file or None)
+    if cluster.servers:
+        raise SpecError("--gpus", cluster.describe(), "serving runs no parameter servers: drop the +Nxserver part")
     prof = catalog.engine(engine)
     for flag, key, opts in (("--precision", "precision", WEIGHT_DTYPES), ("--kv-dtype", "kv_dtype", KV_DTYPES)):
         if layout[key] not in opts:
@@ -245,6 +247,9 @@ def _export_option(export_dir: str, checkpoint: str, allow_approximate: bool, en
     from meshplan.export.serve import EXPORTERS
 
     if not export_dir:
+        if checkpoint or allow_approximate:
+            flag = "--checkpoint" if checkpoint else "--allow-approximate"
+            raise SpecError(flag, checkpoint or True, "applies to --export only: give --export FOLDER with it")
         return None
     family = catalog.engine(engine).engine
     if family not in EXPORTERS:

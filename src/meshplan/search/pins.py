@@ -71,6 +71,14 @@ def pin_violations(model: ModelSpec, cluster: ClusterSpec, request: SearchReques
             lo, hi = schedule_spec(probe.schedule_name).chunks
             if probe.vpp < lo or (hi and probe.vpp > hi):
                 out.append(schedule_spec(probe.schedule_name).accepts(pp=probe.pp, vpp=probe.vpp, n_micro=10**6))
+    if pins.get("etp", 1) > 1 and pins.get("tp", pins["etp"]) != pins["etp"]:  # _expert_options: etp is 1 or tp
+        out.append(f"etp={pins['etp']} must be 1 or the tp degree (experts split like the dense layers), tp is "
+                   f"pinned to {pins['tp']}")
+    if pins.get("etp", 1) > 1 and "tp" not in pins:
+        tps = [b.layer.attention.n_heads for b in model.blocks if b.layer.attention]
+        if any(h % pins["etp"] for h in tps) or pins["etp"] > min(p.gpu.nvlink_domain for p in cluster.pools):
+            out.append(f"etp={pins['etp']} must be 1 or a tp degree this model and cluster allow (dividing the "
+                       "attention heads, within a scale-up domain)")
     if request.precision == "fp8" and all(p.gpu.peak.fp8 <= 0 for p in cluster.pools):
         out.append(f"precision fp8 needs FP8 tensor cores; {cluster.describe()} has none (use bf16)")
     return out + shape_violations(model, probe) + stack_violations(probe, request.framework) + \
