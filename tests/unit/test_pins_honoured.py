@@ -98,3 +98,11 @@ def test_a_pinned_recompute_is_kept_where_less_would_fit(capsys):
 def test_a_pinned_sequence_parallelism_runs_only_over_tp_groups(capsys):
     plans = _plans(PLAN + ["--sp"], capsys)
     assert plans and all(p["plan"].get("sp") and p["plan"].get("tp", 1) > 1 for p in plans)
+
+
+def test_explain_refuses_a_width_no_table_fits(tmp_path, capsys):
+    plan = tmp_path / "p.toml"
+    assert main(PLAN + ["--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["explain", str(plan), "--width", "1"]) == 2
+    assert "40 to 1000 columns" in capsys.readouterr().err

@@ -7,6 +7,9 @@ from typing import Optional
 
 import typer
 
+MIN_WIDTH, MAX_WIDTH = 40, 1000
+"""Text widths the report can lay out (its tables need about 40 columns)."""
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``explain`` command."""
@@ -22,16 +25,18 @@ def register(app: typer.Typer) -> None:
                                            "schedule)."),
         max_memory_fraction: Optional[float] = typer.Option(
             None, "--max-memory-fraction", help="Judge fit against a memory limit (share of device memory)."),
-        width: int = typer.Option(0, "--width", min=0, help="Text width in columns (0 = the terminal's, 80 "
+        width: int = typer.Option(0, "--width", help="Text width in columns (0 = the terminal's, 80 "
                                   "when not a terminal)."),
         framework: str = typer.Option("", "--framework", help="Software stack (default: the plan file's)."),
     ) -> None:
         """Explain a plan in plain text: where the time goes, what limits it, how its variants compare."""
+        from meshplan.cli.common import term_width
         from meshplan.cli.report import load_report
+        from meshplan.errors import SpecError
         from meshplan.report import render_text
 
+        if width != 0 and not MIN_WIDTH <= width <= MAX_WIDTH:
+            raise SpecError("--width", width, f"must be 0 (the terminal's) or {MIN_WIDTH} to {MAX_WIDTH} columns")
         rep = load_report(plan_file, model_ref=model, gpus=gpus, cluster_file=cluster, variants=variants,
                           max_memory_fraction=max_memory_fraction, framework=framework)
-        from meshplan.cli.common import term_width
-
         typer.echo(render_text(rep, width=width or term_width()), nl=False)
