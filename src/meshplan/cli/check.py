@@ -37,6 +37,11 @@ def predict_all(model_ref: str, hardware: str, plans: list, world: int,
     return out
 
 
+TRAINING = {"--global-batch": 4, "--seq-len": 256, "--warmup": 1, "--rounds": 5, "--stat": "min",
+            "--micro-batches": ""}
+"""The training check's flags and their defaults ("" = the micro-batch sizes each layout allows), in the order
+``check_cmd`` unpacks them; ``check --serve`` reads none of them."""
+
 STATS = ("min", "median", "cpu_median")
 """How a plan's rounds become one time: fastest round (default: other tenants only add time), median round, or
 the median of the slowest rank's CPU time (blind to bubbles and peer waits)."""
@@ -180,7 +185,7 @@ def check_space(*, world: int, global_batch: int, seq_len: int, device: str, mic
     if device not in ("cpu", "cuda"):
         raise SpecError("--device", device, "cpu or cuda")
     try:
-        mbs = tuple(int(x) for x in micro_batches.split(",") if x.strip())
+        mbs = tuple(int(x) for x in micro_batches.split(",")) if micro_batches else ()
     except ValueError:
         raise SpecError("--micro-batches", micro_batches, "comma-separated positive integers, e.g. 1,2,4") from None
     if any(m < 1 for m in mbs):
@@ -198,18 +203,23 @@ def register(app: typer.Typer) -> None:
         nproc: int = typer.Option(2, "--nproc", help="Local processes (the world every plan fills)."),
         hardware: Optional[str] = typer.Option(None, "--hardware", help="Hardware profile (TOML); default: "
                                                "calibrate now."),
-        global_batch: int = typer.Option(4, "--global-batch", help="Sequences per step."),
-        seq_len: int = typer.Option(256, "--seq-len", help="Tokens per sequence."),
+        global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step (default "
+                                                   f"{TRAINING['--global-batch']})."),
+        seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default "
+                                              f"{TRAINING['--seq-len']})."),
         full: bool = typer.Option(False, "--all", help="Run every feasible plan, not the covering subset."),
-        warmup: int = typer.Option(1, "--warmup", help="Warm-up rounds (one step of every plan each)."),
-        rounds: int = typer.Option(5, "--rounds", help="Measured rounds (interleaved over the plans)."),
-        stat: str = typer.Option("min", "--stat", help="min (fastest round: a shared machine only adds time), "
-                                 "median, or cpu_median (per-rank CPU time)."),
+        warmup: Optional[int] = typer.Option(None, "--warmup", help="Warm-up rounds (one step of every plan "
+                                             f"each; default {TRAINING['--warmup']})."),
+        rounds: Optional[int] = typer.Option(None, "--rounds", help="Measured rounds (interleaved over the "
+                                             f"plans; default {TRAINING['--rounds']})."),
+        stat: Optional[str] = typer.Option(None, "--stat", help="min (fastest round: a shared machine only adds "
+                                           "time; the default), median, or cpu_median (per-rank CPU time)."),
         timeout: float = typer.Option(900.0, "--timeout", help="Wall-clock limit of the timing runs (s)."),
         device: str = typer.Option("cpu", "--device", help="cpu (gloo, fp32) or cuda (one GPU per process, "
                                    "NCCL, bf16; plans run one at a time and their peak memory is measured too)."),
-        micro_batches: str = typer.Option("", "--micro-batches", help="Comma-separated micro-batch sizes to try "
-                                          "(default: the largest each layout allows, and half)."),
+        micro_batches: Optional[str] = typer.Option(None, "--micro-batches", help="Comma-separated micro-batch "
+                                                    "sizes to try (default: the largest each layout allows, and "
+                                                    "half)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON: plans, mape_pct, kendall_tau, regret_pct."),
         serve: bool = typer.Option(False, "--serve", help="Check the serving model instead: a sweep of closed-loop "
                                    "cases (TP, clients, lengths) served by the runtime's decoder with a KV cache "
@@ -220,14 +230,24 @@ def register(app: typer.Typer) -> None:
         from meshplan.cli.run import positive, stops_cleanly
         from meshplan.runtime.launch import progress
 
-        for flag, value, least in (("--nproc", nproc, 1), ("--rounds", rounds, 1), ("--warmup", warmup, 0),
+        given = {"--global-batch": global_batch, "--seq-len": seq_len, "--warmup": warmup, "--rounds": rounds,
+                 "--stat": stat, "--micro-batches": micro_batches, "--all": True if full else None}
+        if nproc < 1:
+            raise SpecError("--nproc", nproc, "must be >= 1")
+        positive("--timeout", timeout, what="seconds the timing runs may take")
+        if serve:
+            _training_only(given)
+            _serve(model=model, nproc=nproc, hardware=hardware, timeout=timeout, device=device, as_json=as_json)
+            return
+        if micro_batches is not None and not micro_batches.strip():
+            raise SpecError("--micro-batches", micro_batches, "comma-separated positive integers, e.g. 1,2,4 (leave "
+                            "the flag out for the sizes each layout allows)")
+        global_batch, seq_len, warmup, rounds, stat, micro_batches = (
+            TRAINING[f] if given[f] is None else given[f] for f in TRAINING)
+        for flag, value, least in (("--rounds", rounds, 1), ("--warmup", warmup, 0),
                                    ("--global-batch", global_batch, 1), ("--seq-len", seq_len, 1)):
             if value < least:
                 raise SpecError(flag, value, f"must be >= {least}")
-        positive("--timeout", timeout, what="seconds the timing runs may take")
-        if serve:
-            _serve(model=model, nproc=nproc, hardware=hardware, timeout=timeout, device=device, as_json=as_json)
-            return
         if stat not in STATS:
             raise SpecError("--stat", stat, f"one of {', '.join(STATS)}")
         space = check_space(world=nproc, global_batch=global_batch, seq_len=seq_len, device=device,
@@ -262,6 +282,14 @@ def register(app: typer.Typer) -> None:
             print_json(result)
         else:
             print_table(result)
+
+
+def _training_only(given: dict) -> None:
+    """Refuse, with ``--serve``, a flag of the training check (the serving sweep does not read it)."""
+    flag = next((f for f, v in given.items() if v is not None), None)
+    if flag:
+        raise SpecError(flag, given[flag], "is a flag of the training check; check --serve runs its own sweep of "
+                        "cases and does not read it (leave it out, or drop --serve)")
 
 
 def _serve(*, model: str, nproc: int, hardware: str | None, timeout: float, device: str, as_json: bool) -> None:

@@ -90,3 +90,13 @@ def term_width() -> int:
     if not sys.stdout.isatty():
         return NARROW
     return max(shutil.get_terminal_size((NARROW, 24)).columns, 60)
+
+
+def cluster_named(field: str, text: str):
+    """``catalog.cluster(text)``, its errors naming ``field`` (the flag or file field ``text`` came from)."""
+    try:
+        return catalog.cluster(text)
+    except SpecError as exc:
+        if exc.field != "--gpus":
+            raise
+        raise SpecError(field, exc.value, exc.expected, exc.suggestions) from None

@@ -22,6 +22,8 @@ import typer
 from meshplan.errors import SpecError
 
 GiB = 2**30
+DEFAULT_MODEL, DEFAULT_GPUS = "llama3.1-8b", "8xh100-sxm"
+"""What memcheck measures when neither a flag nor the plan file names a model or GPUs."""
 ROWS = ("fp32 weights", "AdamW moments", "step tensors", "all tensors")
 """The compared rows (see the module docstring)."""
 
@@ -114,23 +116,81 @@ def parse_stages(text: str, pp: int) -> list[int]:
     return sorted(out)
 
 
+def _flag(key: str, value) -> str:
+    """The command-line flag of a layout field as the user gave it."""
+    return ("--sp" if value else "--no-sp") if key == "sp" else "--" + key.replace("_", "-")
+
+
+def plan_of_file(plan_file: str, model: str | None, gpus: str | None, layout: dict) -> tuple:
+    """(plan, model reference, cluster reference, the field that named it) of ``--plan``: the file's model and
+    GPUs unless ``--model`` or ``--gpus`` is given; a layout flag given with it is refused (the file holds the
+    layout)."""
+    from meshplan.spec.io import read_plan_file
+
+    key = next((k for k, v in layout.items() if v is not None), None)
+    if key:
+        raise SpecError(_flag(key, layout[key]), layout[key], f"the layout comes from --plan {plan_file}; edit "
+                        "the file, or leave --plan out to build the plan from flags")
+    plan, refs = read_plan_file(plan_file)
+    plan = plan.with_(framework="meshplan")  # what is measured is this runtime, whatever the plan names
+    ref = next((k for k in ("gpus", "cluster") if refs.get(k)), None)
+    if gpus is not None or ref is None:
+        gpus, where = DEFAULT_GPUS if gpus is None else gpus, "--gpus"
+    else:
+        gpus, where = refs[ref], f"{plan_file}.{ref}"
+    return plan, (refs.get("model") or DEFAULT_MODEL) if model is None else model, gpus, where
+
+
+def plan_of_flags(n: int, gpus: str, layout: dict):
+    """The Plan the layout flags give on ``n`` GPUs (None = the flag's default; dp 0 = what the GPUs leave)."""
+    from meshplan.spec.plan import Plan
+
+    lay = {k: v for k, v in layout.items() if v is not None}
+    tp, pp, dp, ep = lay.get("tp", 1), lay.get("pp", 1), lay.get("dp", 0), lay.get("ep", 1)
+    for flag, value, least in (("--tp", tp, 1), ("--pp", pp, 1), ("--ep", ep, 1), ("--dp", dp, 0)):
+        if value < least:
+            raise SpecError(flag, value, f"must be >= {least}" + (" (0 = what the GPU count leaves)" if least == 0
+                                                                    else ""))
+    if dp == 0:
+        if n % (tp * pp):
+            flag, value = ("--tp", tp) if n % tp else ("--pp", pp) if tp == 1 else ("--tp x --pp", tp * pp)
+            raise SpecError(flag, value, f"tp x pp = {tp * pp} does not divide the {n} GPUs of {gpus}, so dp "
+                            "cannot be derived; give a degree that divides them, or --dp")
+        dp = n // (tp * pp)
+    zero = lay.get("zero")
+    if zero and dp == 1:
+        raise SpecError("--zero", zero, "shards state over data parallelism, and this layout has dp = 1; give "
+                        "--zero 0 or leave it out")
+    return Plan(global_batch=lay.get("global_batch", 8), seq_len=lay.get("seq_len", 8192),
+                micro_batch=lay.get("micro_batch", 1), tp=tp, sp=lay.get("sp", False), pp=pp, dp=dp, ep=ep,
+                zero=(3 if dp > 1 else 0) if zero is None else zero, recompute=lay.get("recompute", "none"),
+                schedule=lay.get("schedule", ""), precision="bf16",
+                framework="meshplan")  # the runtime's own stack
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``memcheck`` command."""
 
     @app.command("memcheck")
     def memcheck_cmd(
-        model: str = typer.Option("llama3.1-8b", "--model", help="Catalog model or model file."),
-        gpus: str = typer.Option("8xh100-sxm", "--gpus", help="Cluster the prediction is for (its GPU count is "
-                                 "the world the fake process group simulates)."),
-        plan_file: Optional[str] = typer.Option(None, "--plan", help="Plan file; flags below otherwise."),
-        tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"),
-        dp: int = typer.Option(0, "--dp", help="0 = what the GPU count leaves."),
-        ep: int = typer.Option(1, "--ep"), zero: int = typer.Option(3, "--zero"),
-        sp: bool = typer.Option(False, "--sp/--no-sp"),
-        recompute: str = typer.Option("none", "--recompute"),
-        global_batch: int = typer.Option(8, "--global-batch"), seq_len: int = typer.Option(8192, "--seq-len"),
-        micro_batch: int = typer.Option(1, "--micro-batch"),
-        schedule: str = typer.Option("", "--schedule"),
+        model: Optional[str] = typer.Option(None, "--model", help="Catalog model or model file (default: the "
+                                            f"plan file's, else {DEFAULT_MODEL})."),
+        gpus: Optional[str] = typer.Option(None, "--gpus", help="Cluster the prediction is for (its GPU count is "
+                                           "the world the fake process group simulates; default: the plan "
+                                           f"file's, else {DEFAULT_GPUS})."),
+        plan_file: Optional[str] = typer.Option(None, "--plan", help="Plan file; the layout flags below otherwise "
+                                                "(not both)."),
+        tp: Optional[int] = typer.Option(None, "--tp", help="Default 1."),
+        pp: Optional[int] = typer.Option(None, "--pp", help="Default 1."),
+        dp: Optional[int] = typer.Option(None, "--dp", help="Default 0 = what the GPU count leaves."),
+        ep: Optional[int] = typer.Option(None, "--ep", help="Default 1."),
+        zero: Optional[int] = typer.Option(None, "--zero", help="Default 3, or 0 where dp = 1."),
+        sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Default --no-sp."),
+        recompute: Optional[str] = typer.Option(None, "--recompute", help="Default none."),
+        global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Default 8."),
+        seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Default 8192."),
+        micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Default 1."),
+        schedule: Optional[str] = typer.Option(None, "--schedule", help="Default: the plan's own."),
         stages: str = typer.Option("first,last", "--stages", help="Pipeline ranks to measure: first,last or "
                                    "indices."),
         layers: int = typer.Option(0, "--layers", help="Use this many layers (0 = the model's); per-layer "
@@ -139,27 +199,24 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Fake-tensor peak memory of the real runtime vs the cost model, per component."""
         from meshplan import catalog
-        from meshplan.spec.plan import Plan
+        from meshplan.cli.common import cluster_named
 
+        layout = {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "zero": zero, "sp": sp, "recompute": recompute,
+                  "global_batch": global_batch, "seq_len": seq_len, "micro_batch": micro_batch, "schedule": schedule}
         if layers < 0:
             raise SpecError("--layers", layers, "must be >= 0 (0 = the model's)")
-        if plan_file:
-            from meshplan.spec.io import read_plan_file
-
-            plan, _ = read_plan_file(plan_file)
-            plan = plan.with_(framework="meshplan")  # what is measured is this runtime, whatever the plan names
+        gpus_field = "--gpus"
+        if plan_file is not None:
+            if not plan_file.strip():
+                raise SpecError("--plan", plan_file, "must name a plan file (leave --plan out to use the flags)")
+            plan, model, gpus, gpus_field = plan_of_file(plan_file, model, gpus, layout)
+            cluster = cluster_named(gpus_field, gpus)
         else:
-            if dp == 0:
-                n = catalog.cluster(gpus).n_gpus
-                if n % (tp * pp):
-                    raise SpecError("--dp", dp, f"cannot be derived: tp*pp={tp * pp} does not divide {n} GPUs")
-                dp = n // (tp * pp)
-            plan = Plan(global_batch=global_batch, seq_len=seq_len, micro_batch=micro_batch, tp=tp, sp=sp, pp=pp,
-                        dp=dp, ep=ep, zero=zero if dp > 1 else 0, recompute=recompute, schedule=schedule,
-                        precision="bf16", framework="meshplan")  # the runtime's own stack
-        cluster = catalog.cluster(gpus)
+            model, gpus = DEFAULT_MODEL if model is None else model, DEFAULT_GPUS if gpus is None else gpus
+            cluster = catalog.cluster(gpus)
+            plan = plan_of_flags(cluster.n_gpus, gpus, layout)
         if cluster.n_gpus != plan.n_gpus:
-            raise SpecError("--gpus", gpus, f"has {cluster.n_gpus} GPUs, the plan needs {plan.n_gpus}")
+            raise SpecError(gpus_field, gpus, f"has {cluster.n_gpus} GPUs, the plan needs {plan.n_gpus}")
         idx = parse_stages(stages, plan.pp)
         spec = catalog.model(model)
         if layers and layers * len(spec.blocks) < plan.n_stages:

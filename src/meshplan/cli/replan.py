@@ -7,6 +7,7 @@ Exit status: 0 with a decision (switch or stay), 4 when no layout fits the new c
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -18,8 +19,8 @@ import typer
 NOTHING_FITS_EXIT = 4
 
 
-def parse_ranks(text: str, *, flag: str) -> tuple[int, ...]:
-    """``8-15,40`` -> (8, ..., 15, 40)."""
+def parse_ranks(text: str, *, flag: str, world: int) -> tuple[int, ...]:
+    """``8-15,40`` -> (8, ..., 15, 40), each a rank of the old ``world``; a rank named twice is refused."""
     from meshplan.errors import SpecError
 
     out: list[int] = []
@@ -27,8 +28,15 @@ def parse_ranks(text: str, *, flag: str) -> tuple[int, ...]:
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
             raise SpecError(flag, text, "expected ranks such as 8-15,40 (ascending ranges of integers >= 0)")
+        if int(m.group(2) or m.group(1)) >= world:
+            raise SpecError(flag, text, f"rank {max(int(m.group(1)), world)} is not in the old world, "
+                            f"0..{world - 1}")
         out += range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1)
-    return tuple(sorted(set(out)))
+    ranks = sorted(out)
+    twice = next((r for r, nxt in zip(ranks, ranks[1:]) if r == nxt), None)
+    if twice is not None:
+        raise SpecError(flag, text, f"names rank {twice} more than once; name each lost rank once")
+    return tuple(ranks)
 
 
 def parse_derating(slow_gpu: list[str], slow_link: list[str]):
@@ -43,43 +51,65 @@ def parse_derating(slow_gpu: list[str], slow_link: list[str]):
             what = "GPU id" if flag == "--slow-gpu" else "scale-up domain (node) index"
             if not m or not 0 < float(m.group(2)) <= 1:
                 raise SpecError(flag, text, f"expected {what}:FRACTION of its rating in (0, 1], e.g. 17:0.6")
+            if int(m.group(1)) in {i for i, _ in parts[flag]}:
+                raise SpecError(flag, text, f"{what} {int(m.group(1))} is given more than once; give each one "
+                                "fraction")
             parts[flag].append((int(m.group(1)), float(m.group(2))))
     return Derating(gpus=tuple(parts["--slow-gpu"]), links=tuple(parts["--slow-link"]))
 
 
 def change_of(cluster, *, lose: int, lose_ranks: str, add: str, gpus: str, slow=None):
-    """The ClusterChange the flags describe (``--gpus``: the new cluster as a whole; GPUs come and go at the end)."""
-    from meshplan import catalog
+    """The ClusterChange the flags describe: ``--gpus`` the new cluster as a whole (GPUs come and go at the end),
+    or ``--lose``, ``--lose-ranks`` and ``--add`` (not both ways at once)."""
     from meshplan.errors import SpecError
     from meshplan.search.replan import ClusterChange
 
     n = cluster.n_gpus
-    lost = set(parse_ranks(lose_ranks, flag="--lose-ranks")) if lose_ranks else set()
-    if lose:
-        if lose >= n:
-            raise SpecError("--lose", lose, f"must leave some of the {n} GPUs")
-        lost |= set(range(n - lose, n))
-    added = 0
-    for flag, text in (("--add", add), ("--gpus", gpus)):
-        if not text:
-            continue
-        new = catalog.cluster(text)
-        if not new.homogeneous or new.gpu.name != cluster.gpu.name:
-            raise SpecError(flag, text, f"must be {cluster.gpu.name} GPUs like the running cluster (mixed replanning "
-                            "is not supported yet)")
-        if flag == "--add":
-            added += new.n_gpus
-        elif new.n_gpus >= n:
-            added += new.n_gpus - n
-        else:
-            lost |= set(range(new.n_gpus, n))
+    if gpus:
+        other = next((f for f, v in (("--lose", lose), ("--lose-ranks", lose_ranks), ("--add", add)) if v), None)
+        if other:
+            raise SpecError("--gpus", gpus, f"gives the new cluster as a whole and cannot be combined with {other}; "
+                            "give either --gpus or --lose/--lose-ranks/--add")
+        new = _same_gpus(cluster, "--gpus", gpus)
+        lost, added = tuple(range(min(new.n_gpus, n), n)), max(new.n_gpus - n, 0)
+    else:
+        lost, added = _lost(n, lose, lose_ranks), _same_gpus(cluster, "--add", add).n_gpus if add else 0
     if slow is not None:
         domains = -(-n // cluster.pools[0].network()[0].span)
         bad = [d for d, _ in slow.links if d >= domains]
         if bad:
             raise SpecError("--slow-link", bad[0], f"must name a scale-up domain (node) of the old world, "
                             f"0..{domains - 1}")
-    return ClusterChange(lost=tuple(sorted(lost)), added=added, **({"slow": slow} if slow is not None else {}))
+    return ClusterChange(lost=lost, added=added, **({"slow": slow} if slow is not None else {}))
+
+
+def _lost(n: int, lose: int, lose_ranks: str) -> tuple[int, ...]:
+    """Old ranks ``--lose`` (the last N) and ``--lose-ranks`` take away; each rank once, some GPU left."""
+    from meshplan.errors import SpecError
+
+    if lose >= n:
+        raise SpecError("--lose", lose, f"must leave some of the {n} GPUs")
+    ranks = parse_ranks(lose_ranks, flag="--lose-ranks", world=n) if lose_ranks else ()
+    twice = [r for r in ranks if r >= n - lose]
+    if twice:
+        raise SpecError("--lose-ranks", lose_ranks, f"rank {twice[0]} is also one of the last {lose} that --lose "
+                        f"{lose} takes; name each lost rank once")
+    lost = tuple(sorted(set(ranks) | set(range(n - lose, n))))
+    if len(lost) >= n:
+        raise SpecError("--lose-ranks" if ranks else "--lose", lose_ranks or lose, f"leaves none of the {n} GPUs")
+    return lost
+
+
+def _same_gpus(cluster, flag: str, text: str):
+    """The cluster ``text`` names (``--gpus``, ``--add``): GPUs of the running cluster's type."""
+    from meshplan.cli.common import cluster_named
+    from meshplan.errors import SpecError
+
+    new = cluster_named(flag, text)
+    if not new.homogeneous or new.gpu.name != cluster.gpu.name:
+        raise SpecError(flag, text, f"must be {cluster.gpu.name} GPUs like the running cluster (mixed replanning "
+                        "is not supported yet)")
+    return new
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,21 +141,26 @@ class ReplanArgs:
     as_json: bool
     out: str
 
-    def switch_only(self) -> dict[str, bool]:
-        """The switch-pricing flags and whether each was given (off their defaults)."""
-        return {"--remaining-steps": self.remaining_steps != 1000, "--min-gain": self.min_gain != 0.03,
-                "--storage-gbs": bool(self.storage_gbs), "--prebuilt-groups": self.prebuilt_groups,
-                "--max-memory-fraction": self.max_memory_fraction is not None}
+    def switch_only(self) -> dict[str, object]:
+        """The switch-pricing flags and the value of each given (off its default; None = not given)."""
+        return _given({"--remaining-steps": (self.remaining_steps, 1000), "--min-gain": (self.min_gain, 0.03),
+                       "--storage-gbs": (self.storage_gbs, 0.0), "--prebuilt-groups": (self.prebuilt_groups, False),
+                       "--max-memory-fraction": (self.max_memory_fraction, None)})
 
-    def phase_only(self) -> dict[str, bool]:
-        """The ``--phase generate`` flags and whether each was given (off their defaults)."""
-        return {"--engine": self.engine != "vllm", "--input-len": self.input_len != 1024,
-                "--output-len": self.output_len != 1024, "--rollouts": bool(self.rollouts)}
+    def phase_only(self) -> dict[str, object]:
+        """The ``--phase generate`` flags and the value of each given (off its default; None = not given)."""
+        return _given({"--engine": (self.engine, "vllm"), "--input-len": (self.input_len, 1024),
+                       "--output-len": (self.output_len, 1024), "--rollouts": (self.rollouts, 0)})
 
     def changes_job(self) -> bool:
         """Whether any cluster or workload change was given."""
         return bool(self.lose or self.lose_ranks or self.add or self.gpus or self.seq_len or self.global_batch
                     or self.slow_gpu or self.slow_link)
+
+
+def _given(flags: dict[str, tuple]) -> dict[str, object]:
+    """flag -> its value where it is off its default (a NaN is off every default), else None."""
+    return {f: (None if v == d else v) for f, (v, d) in flags.items()}
 
 
 def register(app: typer.Typer) -> None:
@@ -138,7 +173,8 @@ def replan_cmd(
     model: str = typer.Option("", "--model", help="Model, when the plan file names none."),
     old_gpus: str = typer.Option("", "--old-gpus", help="The cluster the plan runs on, when the file names none."),
     gpus: str = typer.Option("", "--gpus", help="The new cluster, e.g. 16376xh100-sxm (GPUs leave or join at "
-                                                "the end of the rank order)."),
+                                                "the end of the rank order; not with --lose, --lose-ranks or "
+                                                "--add)."),
     lose: int = typer.Option(0, "--lose", min=0, help="GPUs lost: the last N ranks of the old world."),
     lose_ranks: str = typer.Option("", "--lose-ranks", help="Ranks lost, e.g. 8-15,40."),
     add: str = typer.Option("", "--add", help="GPUs added, e.g. 16xh100-sxm."),
@@ -176,7 +212,7 @@ def replan_cmd(
 
 def _replan(a: ReplanArgs) -> None:
     """``meshplan replan``: the running plan's job, then either the generation phase or the cluster change."""
-    from meshplan.cli.common import output_path, resolve_cluster, resolve_framework, resolve_model
+    from meshplan.cli.common import output_path, resolve_framework, resolve_model
     from meshplan.errors import SpecError
     from meshplan.spec.io import read_plan_file
 
@@ -185,7 +221,7 @@ def _replan(a: ReplanArgs) -> None:
         raise SpecError("--model", a.model, f"differs from the model the plan in {a.from_plan} was made for "
                         f"({refs['model']}): replan re-plans the job that runs, give its plan file")
     spec = resolve_model(a.model or None, refs.get("model"))
-    cluster = resolve_cluster(a.old_gpus or None, None, refs.get("gpus") or refs.get("cluster"))
+    cluster = _old_cluster(a, refs)
     stack = resolve_framework(plan.framework, file_settings=refs.get("framework"))
     _pinned_elsewhere(a.phase, a.switch_only() if a.phase else a.phase_only())
     if a.phase:
@@ -201,6 +237,22 @@ def _replan(a: ReplanArgs) -> None:
         raise typer.Exit(NOTHING_FITS_EXIT)
 
 
+def _old_cluster(a: ReplanArgs, refs: dict):
+    """The cluster the plan runs on: ``--old-gpus``, else the plan file's; one GPU type."""
+    from meshplan.cli.common import cluster_named
+    from meshplan.errors import SpecError
+
+    key = next((k for k in ("gpus", "cluster") if refs.get(k)), None)
+    if not a.old_gpus and key is None:
+        raise SpecError("--old-gpus", None, f"is required: {a.from_plan} names no gpus or cluster; give the "
+                        "cluster the plan runs on, e.g. --old-gpus 8xh100-sxm")
+    field = "--old-gpus" if a.old_gpus else f"{a.from_plan}.{key}"
+    cluster = cluster_named(field, a.old_gpus or refs[key])
+    if not cluster.homogeneous:
+        raise SpecError(field, a.old_gpus or refs[key], "replan supports a cluster of one GPU type so far")
+    return cluster
+
+
 def _after_change(a: ReplanArgs, spec, cluster, plan, stack):
     """The re-plan of the cluster or job change ``a`` gives, each option's switch priced."""
     from meshplan.cost.transition_time import SwitchCosts
@@ -212,8 +264,9 @@ def _after_change(a: ReplanArgs, spec, cluster, plan, stack):
                        slow=parse_derating(a.slow_gpu, a.slow_link))
     costs = SwitchCosts(groups_prebuilt=a.prebuilt_groups)
     if a.storage_gbs:
-        if a.storage_gbs <= 0:
-            raise SpecError("--storage-gbs", a.storage_gbs, "must be a positive bandwidth in GB/s")
+        if not 0 < a.storage_gbs < math.inf:
+            raise SpecError("--storage-gbs", a.storage_gbs, "must be a finite bandwidth in GB/s > 0 (0 = the "
+                            "default, Llama 3's 0.122 GB/s per GPU)")
         n_new = cluster.n_gpus - len(change.lost) + change.added
         costs = SwitchCosts(groups_prebuilt=a.prebuilt_groups, storage_gbs_per_gpu=a.storage_gbs / n_new)
     request = SearchRequest(global_batch=a.global_batch or plan.global_batch, seq_len=a.seq_len or plan.seq_len,
@@ -223,13 +276,13 @@ def _after_change(a: ReplanArgs, spec, cluster, plan, stack):
     return replan(spec, cluster, plan, change=change, request=request, rq=rq)
 
 
-def _pinned_elsewhere(phase: str, given: dict[str, bool]) -> None:
+def _pinned_elsewhere(phase: str, given: dict[str, object]) -> None:
     """Refuse a flag the chosen mode does not read, so nothing the user gave is silently ignored."""
     from meshplan.errors import SpecError
 
-    flag = next((f for f, on in given.items() if on), None)
+    flag = next((f for f, v in given.items() if v is not None), None)
     if flag:
-        raise SpecError(flag, "given", "applies only with --phase generate" if not phase else
+        raise SpecError(flag, given[flag], "applies only with --phase generate" if not phase else
                         "prices a cluster change's switch; --phase generate does not read it (the refit's "
                         "communicators persist)")
 
@@ -258,8 +311,9 @@ def _generate(spec, cluster, plan, *, stack, engine: str, work: tuple, options: 
     from meshplan.spec.serving import Workload
 
     inp, outp, n = work
-    req = ServeRequest(model=spec, cluster=cluster, engine=catalog.engine(engine), disagg="off",
-                       work=Workload(input_len=inp, output_len=outp, concurrency=n), constants=load_constants())
+    w = Workload(input_len=inp, output_len=outp, concurrency=n)
+    req = ServeRequest(model=spec, cluster=cluster, engine=catalog.engine(engine), disagg="off", work=w,
+                       constants=load_constants())
     # The engine and its communicators persist across RL iterations (built once), so a refit pays none.
     result = plan_generation(spec, cluster, plan, serve=req, stack=stack, options=options,
                              costs=SwitchCosts(groups_prebuilt=True))

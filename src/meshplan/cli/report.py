@@ -25,12 +25,11 @@ def load_report(plan_file: str, *, model_ref: str = "", gpus: str = "", cluster_
     from meshplan.sim.adapter import simulated_pipeline
     from meshplan.spec.io import read_plan_file
 
-    if max_memory_fraction is not None and not 0 < max_memory_fraction <= 4:
-        raise SpecError("--max-memory-fraction", max_memory_fraction, "must be in (0, 4]")
+    _check_fraction("--max-memory-fraction", max_memory_fraction)
     plan, refs = read_plan_file(plan_file)
     if max_memory_fraction is None:
         # The limit the plan was searched under (meshplan plan writes it), so variants are judged as the search did.
-        max_memory_fraction = (refs.get("predicted") or {}).get("max_memory_fraction")
+        max_memory_fraction = file_fraction(plan_file, refs)
     model = resolve_model(model_ref or None, refs.get("model"))
     cluster = resolve_cluster(gpus or None, cluster_file or None, refs.get("gpus") or refs.get("cluster"))
     if framework:
@@ -43,6 +42,26 @@ def load_report(plan_file: str, *, model_ref: str = "", gpus: str = "", cluster_
     limit = max_memory_fraction * est.capacity if max_memory_fraction is not None else None
     return build_report(model, cluster, plan, est, timeline, alternatives=alts, memory_limit=limit,
                         skipped=skipped)
+
+
+def _check_fraction(field: str, value) -> None:
+    """A memory limit as a share of device memory: a finite number in (0, 4], or None (no limit)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0 < value <= 4):
+        raise SpecError(field, value, "must be a number in (0, 4] (a share of device memory, e.g. 0.84)")
+
+
+def file_fraction(plan_file: str, refs: dict) -> float | None:
+    """The plan file's ``[predicted] max_memory_fraction`` (None when it has none), checked like the flag."""
+    pred = refs.get("predicted")
+    if pred is None:
+        return None
+    if not isinstance(pred, dict):
+        raise SpecError(f"{plan_file}.predicted", pred, "must be a table, e.g. [predicted] with "
+                        "max_memory_fraction = 0.84 (meshplan plan --out writes it)")
+    value = pred.get("max_memory_fraction")
+    _check_fraction(f"{plan_file}.predicted.max_memory_fraction", value)
+    return value
 
 
 def write_report(plan_file: str, *, out: str, **kwargs) -> int:

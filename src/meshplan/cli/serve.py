@@ -122,9 +122,6 @@ def build_request(*, model_ref: str, gpus: str, cluster_file: str, engine: str, 
                         "large is an open loop (give --rate)")
     w = workload_from_hist(lengths("--input-len", work.pop("input_len")), lengths("--output-len",
                                                                                   work.pop("output_len")), **work)
-    longest = getattr(model, "max_seq_len", 0)
-    if longest and w.longest > longest:
-        raise SpecError("--input-len + --output-len", w.longest, f"exceeds {model.name}'s {longest:,} positions")
     return ServeRequest(model=model, cluster=cluster, engine=prof, work=w, slo=s, constants=load_constants(),
                         **layout)
 

@@ -159,17 +159,18 @@ def search_worlds(new: ClusterSpec, domain: int, *, keep: float = 0.9) -> tuple[
 def new_cluster_of(cluster: ClusterSpec, change: ClusterChange) -> ClusterSpec:
     """The cluster after ``change`` (one pool: replanning a mixed cluster is not supported yet)."""
     if not cluster.homogeneous:
-        raise SpecError("--gpus", cluster.describe(), "replan supports a cluster of one GPU type so far")
+        raise SpecError("--old-gpus", cluster.describe(), "replan supports a cluster of one GPU type so far")
     pool = cluster.pools[0]
     bad = [r for r in change.lost if not 0 <= r < pool.n_gpus]
     if bad:
-        raise SpecError("--lose", bad[0], f"must name ranks of the old world, 0..{pool.n_gpus - 1}")
+        raise SpecError("--lose-ranks", bad[0], f"must name ranks of the old world, 0..{pool.n_gpus - 1}")
     bad = [g for g, _ in change.slow.gpus if g >= pool.n_gpus]
     if bad:
         raise SpecError("--slow-gpu", bad[0], f"must name GPUs of the old world, 0..{pool.n_gpus - 1}")
     n = pool.n_gpus - len(set(change.lost)) + change.added
     if n < 1:
-        raise SpecError("--lose", len(change.lost), f"leaves no GPU of the {pool.n_gpus}")
+        raise SpecError("--lose-ranks", f"{len(set(change.lost))} ranks", f"loses every GPU of the {pool.n_gpus} "
+                        "and adds none: nothing is left to re-plan on")
     slow = change.slow.renumbered(change.survivors(pool.n_gpus), pool.network()[0].span)
     return replace(cluster, pools=(replace(pool, n_gpus=n),), derating=slow, name="")
 

@@ -92,6 +92,10 @@ class ServeRequest:
             raise SpecError("--disagg", "only", f"{self.engine.name} serves prefill and decode in one engine (no "
                             "disaggregated deployment); use --disagg off, or an engine Dynamo runs (vllm, sglang, "
                             "trtllm)")
+        longest = getattr(self.model, "max_seq_len", 0)
+        if longest and self.work.longest > longest:
+            raise SpecError("--input-len + --output-len", self.work.longest, f"exceeds {self.model.name}'s "
+                            f"{longest:,} positions")
         if self.engine.max_context and self.work.longest > self.engine.max_context:
             raise SpecError("--input-len + --output-len", self.work.longest, f"exceeds the {self.engine.max_context:,} "
                             f"tokens one sequence of {self.engine.name} holds (max_context); shorten the requests "
