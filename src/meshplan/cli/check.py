@@ -139,7 +139,9 @@ def select_plans(model: str, space, *, full: bool) -> list:
 
     plans = enumerate_plans(catalog.model(model), space)
     if not plans:
-        raise SpecError("check", model, f"no feasible plan for {space.world} processes")
+        raise SpecError("--nproc", space.world, f"no layout of {model} (global batch {space.global_batch}, "
+                        f"{space.seq_len} tokens) fills {space.world} processes: use fewer (2, 4 or 8), or a larger "
+                        "--global-batch")
     return plans if full else covering(plans)
 
 
