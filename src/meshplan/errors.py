@@ -36,12 +36,15 @@ class PlanError(MeshplanError):
 
 
 def close_matches(name: str, options: Iterable[str], n: int = 3) -> list[str]:
-    """Return up to ``n`` options that look like ``name`` (for 'did you mean' hints)."""
-    opts = list(options)
-    found = difflib.get_close_matches(name.lower(), opts, n=n, cutoff=0.5)
+    """Return up to ``n`` options that look like ``name`` (for 'did you mean' hints): those it begins, shortest
+    first (``h100`` -> ``h100-sxm``), then difflib's closest, else those it contains or is contained in."""
+    opts, low = list(options), name.lower()
+    prefixed = sorted((o for o in opts if low and o.lower().startswith(low) and o.lower() != low),
+                      key=lambda o: (len(o), o))
+    found = prefixed + [o for o in difflib.get_close_matches(low, opts, n=n, cutoff=0.5) if o not in prefixed]
     if not found:
-        found = [o for o in opts if name.lower() in o or o in name.lower()][:n]
-    return found
+        found = [o for o in opts if low in o or o in low]
+    return found[:n]
 
 
 def unknown_name(kind: str, name: str, options: Iterable[str]) -> SpecError:

@@ -78,6 +78,8 @@ def model(ref: str) -> ModelSpec:
     """A model by catalog name, from a meshplan model file, or from a Hugging Face ``config.json``."""
     if _looks_like_path(ref):
         data = read_file(ref)
+        if not isinstance(data, dict):
+            raise SpecError(ref, data, "must be a table of key = value (a model file or a Hugging Face config.json)")
         if "model_type" in data or "architectures" in data:
             from meshplan.spec.hf import model_from_hf
 
@@ -94,8 +96,8 @@ def hf_model_name(ref: str, data: dict) -> str:
     if stem != "config":
         return stem
     repo = str(data.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1]
-    archs = data.get("architectures") or []
-    return repo or (str(archs[0]) if archs else "") or str(data.get("model_type") or stem)
+    archs = data.get("architectures")
+    return repo or (str(archs[0]) if isinstance(archs, list) and archs else "") or str(data.get("model_type") or stem)
 
 
 def engine_names() -> list[str]:
@@ -173,9 +175,13 @@ def dataset_for(text: str) -> Dataset | None:
     return None
 
 
+_SHORTHAND = re.compile(r"\s*[0-9]+x")
+
+
 def cluster(ref: str) -> ClusterSpec:
-    """A cluster from the shorthand ``1024xa100-80gb[+...]`` or from a cluster TOML/JSON file."""
-    if Path(ref).is_file():
+    """A cluster from the shorthand ``1024xa100-80gb[+...]`` or from a cluster TOML/JSON file (a path that is no
+    shorthand is read as a file, so that a missing file or a folder is named as such)."""
+    if (ref and Path(ref).exists()) or (_looks_like_path(ref) and not _SHORTHAND.match(ref)):
         return cluster_from_dict(read_file(ref), gpu, ref)
     return parse_gpus(ref, gpu)
 

@@ -8,11 +8,23 @@ rings), so the group's bus bandwidth is ``members_per_domain * nic_bandwidth``, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from numbers import Integral
 
 from meshplan.errors import SpecError
 from meshplan.spec.hardware import GPUSpec
+
+
+def _whole(value: object, least: int) -> bool:
+    """``value`` is an integer (not a bool) >= ``least``."""
+    return isinstance(value, Integral) and not isinstance(value, bool) and value >= least
+
+
+def _finite(value: float, *, positive: bool) -> bool:
+    """``value`` is a finite number > 0 (``positive``) or >= 0; NaN compares False both ways."""
+    return math.isfinite(value) and (value > 0 if positive else value >= 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,10 +41,12 @@ class NetworkLevel:
     """Per-hop latency (s)."""
 
     def __post_init__(self) -> None:
-        if self.span < 1:
-            raise SpecError(f"network.{self.name}.span", self.span, "must be >= 1")
-        if self.bandwidth <= 0:
-            raise SpecError(f"network.{self.name}.bandwidth", self.bandwidth, "must be positive")
+        if not _whole(self.span, 1):
+            raise SpecError(f"network.{self.name}.span", self.span, "must be a whole number >= 1")
+        if not _finite(self.bandwidth, positive=True):
+            raise SpecError(f"network.{self.name}.bandwidth", self.bandwidth, "must be positive and finite")
+        if not _finite(self.latency, positive=False):
+            raise SpecError(f"network.{self.name}.latency", self.latency, "must be >= 0 and finite")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,10 +63,10 @@ class Pool:
     """Network hierarchy inside this pool, innermost first; empty = derived from the GPU's datasheet."""
 
     def __post_init__(self) -> None:
-        if self.n_gpus < 1:
-            raise SpecError(f"pool[{self.gpu.name}].n_gpus", self.n_gpus, "must be >= 1")
-        if self.gpus_per_node < 1:
-            raise SpecError(f"pool[{self.gpu.name}].gpus_per_node", self.gpus_per_node, "must be >= 1")
+        if not _whole(self.n_gpus, 1):
+            raise SpecError(f"pool[{self.gpu.name}].n_gpus", self.n_gpus, "must be a whole number >= 1")
+        if not _whole(self.gpus_per_node, 1):
+            raise SpecError(f"pool[{self.gpu.name}].gpus_per_node", self.gpus_per_node, "must be a whole number >= 1")
 
     def network(self) -> tuple[NetworkLevel, ...]:
         """The network levels, innermost first, ending with one that spans the whole pool."""
@@ -86,10 +100,14 @@ class Derating:
     def __post_init__(self) -> None:
         for name, items in (("gpus", self.gpus), ("links", self.links)):
             for ident, frac in items:
-                if not isinstance(ident, int) or ident < 0:
+                if not _whole(ident, 0):
                     raise SpecError(f"derating.{name}", ident, "ids must be integers >= 0")
                 if not 0 < frac <= 1:
                     raise SpecError(f"derating.{name}[{ident}]", frac, "must be a fraction in (0, 1] of the rating")
+            ids = [i for i, _ in items]
+            twice = sorted({i for i in ids if ids.count(i) > 1})
+            if twice:
+                raise SpecError(f"derating.{name}", twice[0], "is derated twice; give each id once")
 
     def __bool__(self) -> bool:
         return bool(self.gpus or self.links)
@@ -164,13 +182,23 @@ class ClusterSpec:
             raise SpecError("cluster.pools", self.pools, "a cluster needs at least one pool")
         if not isinstance(self.servers, int) or isinstance(self.servers, bool) or self.servers < 0:
             raise SpecError("cluster.servers", self.servers, "must be a whole number of CPU machines >= 0")
-        if self.server_bandwidth < 0:
+        if not _finite(self.server_bandwidth, positive=False):
             raise SpecError("cluster.server_bandwidth", self.server_bandwidth, "must be >= 0 bytes/s (0 = one NIC)")
+        if not _finite(self.inter_pool_bandwidth, positive=False):
+            raise SpecError("cluster.inter_pool_bandwidth", self.inter_pool_bandwidth,
+                            "must be >= 0 bytes/s (0 = the slowest pool's NIC)")
+        if not isinstance(self.name, str):
+            raise SpecError("cluster.name", self.name, "must be a string")
         if self.derating and not self.homogeneous:
             raise SpecError("derating", self.describe(), "is supported on a cluster of one GPU type so far")
         bad = [i for i, _ in self.derating.gpus if i >= self.n_gpus]
         if bad:
             raise SpecError("derating.gpus", bad[0], f"must be GPU ids of the cluster, 0..{self.n_gpus - 1}")
+        domains = -(-self.n_gpus // self.pools[0].network()[0].span) if self.derating.links else 0
+        bad = [d for d, _ in self.derating.links if d >= domains]
+        if bad:
+            raise SpecError("derating.links", bad[0], f"must be scale-up domain (node) ids of the cluster, "
+                            f"0..{domains - 1}")
 
     @property
     def n_gpus(self) -> int:

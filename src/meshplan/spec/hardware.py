@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
+from numbers import Integral
 
 from meshplan.errors import SpecError
 
@@ -86,8 +88,18 @@ class GPUSpec:
             raise SpecError(f"gpu[{self.name}].generation", self.generation,
                             f"must be one of {', '.join(GENERATIONS)}")
         for f in ("hbm_bytes", "hbm_bandwidth", "intra_bandwidth", "nic_bandwidth"):
-            if getattr(self, f) <= 0:
-                raise SpecError(f"gpu[{self.name}].{f}", getattr(self, f), "must be positive")
+            if not (math.isfinite(getattr(self, f)) and getattr(self, f) > 0):  # NaN > 0 is False
+                raise SpecError(f"gpu[{self.name}].{f}", getattr(self, f), "must be positive and finite")
+        for f in ("intra_latency", "nic_latency", "price_per_hour"):
+            if not (math.isfinite(getattr(self, f)) and getattr(self, f) >= 0):
+                raise SpecError(f"gpu[{self.name}].{f}", getattr(self, f), "must be >= 0 and finite")
+        for f in ("nvlink_domain", "gpus_per_node"):
+            if not isinstance(getattr(self, f), Integral) or isinstance(getattr(self, f), bool) or getattr(self, f) < 1:
+                raise SpecError(f"gpu[{self.name}].{f}", getattr(self, f), "must be a whole number >= 1")
+        bad = [f.name for f in fields(self.peak) if not (math.isfinite(getattr(self.peak, f.name))
+                                                          and getattr(self.peak, f.name) >= 0)]
+        if bad:
+            raise SpecError(f"gpu[{self.name}].peak.{bad[0]}", getattr(self.peak, bad[0]), "must be >= 0 and finite")
         if self.peak.get("bf16") <= 0 and self.peak.get("fp32") <= 0:
             raise SpecError(f"gpu[{self.name}].peak", self.peak, "needs at least one positive peak")
 

@@ -2,39 +2,48 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from meshplan.errors import SpecError
 from meshplan.spec.model import ROPE_SCALINGS, ModelSpec, MoESpec, decoder_model
+from meshplan.spec.typed import typed
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt2",
              "gpt_neox")
 
 
-def _req(cfg: dict, *keys: str):
+def _req(cfg: dict, *keys: str, kind: str = "int"):
+    """The first of ``keys`` the config gives (not null), checked to be of ``kind`` (``spec.typed.typed``)."""
     for k in keys:
         if k in cfg and cfg[k] is not None:
-            return cfg[k]
+            return typed(cfg[k], f"config.{k}", kind)
     raise SpecError(f"config.{keys[0]}", None, f"is required for model_type {cfg.get('model_type')!r}")
+
+
+def _opt(cfg: dict, key: str, default: Any, kind: str, where: str = "config") -> Any:
+    """``cfg[key]`` checked to be of ``kind``, or ``default`` where absent or null."""
+    return default if cfg.get(key) is None else typed(cfg[key], f"{where}.{key}", kind)
 
 
 def _rope(cfg: dict) -> dict:
     """RoPE base and scaling (transformers ``modeling_rope_utils``: ``rope_type`` or the older ``type``)."""
-    scaling = cfg.get("rope_scaling") or {}
+    scaling, where = _opt(cfg, "rope_scaling", {}, "table"), "config.rope_scaling"
     kind = scaling.get("rope_type") or scaling.get("type") or "none"
     if kind not in ROPE_SCALINGS:
         raise SpecError("config.rope_scaling.rope_type", kind, f"supported: {', '.join(ROPE_SCALINGS)}")
-    out = {"rope_theta": float(cfg.get("rope_theta", 10000.0))}
+    out = {"rope_theta": float(_opt(cfg, "rope_theta", 10000.0, "pos"))}
     if kind != "none":
-        out |= {"rope_scaling": kind, "rope_scaling_factor": float(scaling.get("factor", 1.0)),
-                "rope_mscale": float(scaling.get("mscale", 1.0))}
+        out |= {"rope_scaling": kind, "rope_scaling_factor": float(_opt(scaling, "factor", 1.0, "pos", where)),
+                "rope_mscale": float(_opt(scaling, "mscale", 1.0, "nonneg", where))}
     return out
 
 
 def _common(cfg: dict) -> dict:
     """Facts every decoder config states the same way: RoPE, norm epsilon, dropout, tied embeddings."""
-    return {**_rope(cfg), "norm_eps": float(cfg.get("rms_norm_eps", 1e-5)),
-            "dropout": float(cfg.get("attention_dropout", 0.0) or 0.0),
-            "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-            "max_seq_len": int(cfg.get("max_position_embeddings", 0) or 0)}
+    return {**_rope(cfg), "norm_eps": float(_opt(cfg, "rms_norm_eps", 1e-5, "pos")),
+            "dropout": float(_opt(cfg, "attention_dropout", 0.0, "nonneg")),
+            "tied_embeddings": _opt(cfg, "tie_word_embeddings", False, "bool"),
+            "max_seq_len": _opt(cfg, "max_position_embeddings", 0, "count")}
 
 
 def _llama_like(cfg: dict, name: str, family: str) -> ModelSpec:
@@ -42,8 +51,9 @@ def _llama_like(cfg: dict, name: str, family: str) -> ModelSpec:
     heads = _req(cfg, "num_attention_heads")
     # Qwen2 (and Qwen2-MoE) biases q/k/v only (HF Qwen2Attention); Qwen3 normalizes q and k per head.
     kw = dict(name=name, family=family, n_layers=_req(cfg, "num_hidden_layers"), hidden=hidden, n_heads=heads,
-              n_kv_heads=cfg.get("num_key_value_heads") or heads, ffn_hidden=_req(cfg, "intermediate_size"),
-              vocab=_req(cfg, "vocab_size"), head_dim=cfg.get("head_dim") or hidden // heads,
+              n_kv_heads=_opt(cfg, "num_key_value_heads", 0, "count") or heads,
+              ffn_hidden=_req(cfg, "intermediate_size"), vocab=_req(cfg, "vocab_size"),
+              head_dim=_opt(cfg, "head_dim", 0, "count") or hidden // heads,
               activation="swiglu", norm="rmsnorm", position="rope", qkv_bias=family in ("qwen2", "qwen2_moe"),
               qk_norm=family in ("qwen3", "qwen3_moe"), **_common(cfg))
     return decoder_model(**kw)
@@ -52,14 +62,14 @@ def _llama_like(cfg: dict, name: str, family: str) -> ModelSpec:
 def _moe(cfg: dict, name: str, family: str, **extra) -> ModelSpec:
     """Mixtral / Qwen-MoE / DeepSeek: routed experts, optional shared experts and first dense layers."""
     n_exp = _req(cfg, "num_local_experts", "num_experts", "n_routed_experts")
+    shared = _opt(cfg, "shared_expert_intermediate_size", 0, "count")
     moe = MoESpec(n_experts=n_exp, top_k=_req(cfg, "num_experts_per_tok"),
-                  expert_ffn_hidden=cfg.get("moe_intermediate_size") or _req(cfg, "intermediate_size"),
-                  n_shared_experts=int(cfg.get("n_shared_experts") or (1 if cfg.get("shared_expert_intermediate_size")
-                                                                         else 0)),
-                  shared_ffn_hidden=int(cfg.get("shared_expert_intermediate_size") or 0), **_router(cfg))
+                  expert_ffn_hidden=_opt(cfg, "moe_intermediate_size", 0, "count") or _req(cfg, "intermediate_size"),
+                  n_shared_experts=_opt(cfg, "n_shared_experts", 0, "count") or (1 if shared else 0),
+                  shared_ffn_hidden=shared, **_router(cfg))
     base = _llama_like(cfg, name, family)
     att = base.decoder.attention
-    first_dense = int(cfg.get("first_k_dense_replace", 0) or 0)
+    first_dense = _opt(cfg, "first_k_dense_replace", 0, "count")
     extra.setdefault("qkv_bias", att.qkv_bias)
     extra.setdefault("qk_norm", att.qk_norm)
     return decoder_model(name=name, family=family, n_layers=base.n_layers, hidden=base.hidden, n_heads=att.n_heads,
@@ -72,7 +82,8 @@ def _router(cfg: dict) -> dict:
     """Router facts: Mixtral/Qwen-MoE ``router_aux_loss_coef``; DeepSeek-V3 ``scoring_func``, ``topk_method``
     ("noaux_tc": expert bias), ``routed_scaling_factor``, ``n_group``/``topk_group``, ``aux_loss_alpha`` with
     ``seq_aux`` (transformers ``DeepseekV3Config``)."""
-    out = {"aux_loss_coeff": float(cfg.get("router_aux_loss_coef", cfg.get("aux_loss_alpha", 0.0)) or 0.0)}
+    aux = "router_aux_loss_coef" if "router_aux_loss_coef" in cfg else "aux_loss_alpha"
+    out = {"aux_loss_coeff": float(_opt(cfg, aux, 0.0, "nonneg"))}
     if cfg.get("seq_aux"):
         out["balance_loss"] = "seq_aux_loss"
     if cfg.get("scoring_func") == "sigmoid":
@@ -80,9 +91,9 @@ def _router(cfg: dict) -> dict:
     if cfg.get("topk_method") == "noaux_tc":
         # DeepSeek-V3 sec. 4.2: bias update speed 0.001 (the config does not carry it)
         out |= {"router_expert_bias": True, "router_bias_update_rate": 1e-3}
-    if cfg.get("n_group", 1) > 1:
-        out |= {"router_groups": int(cfg["n_group"]), "router_group_topk": int(cfg.get("topk_group") or 1)}
-    out["router_topk_scale"] = float(cfg.get("routed_scaling_factor", 1.0) or 1.0)
+    if _opt(cfg, "n_group", 1, "count") > 1:
+        out |= {"router_groups": cfg["n_group"], "router_group_topk": _opt(cfg, "topk_group", 0, "count") or 1}
+    out["router_topk_scale"] = float(_opt(cfg, "routed_scaling_factor", 0.0, "nonneg") or 1.0)
     return out
 
 
@@ -91,10 +102,10 @@ def _deepseek(cfg: dict, name: str) -> ModelSpec:
     # MLA normalizes its compressed latents (HF DeepseekV3Attention q_a_layernorm, kv_a_layernorm); the config's
     # num_nextn_predict_layers multi-token-prediction modules follow the last layer (DeepSeek-V3 sec. 2.2).
     cfg = {**cfg, "head_dim": _req(cfg, "qk_nope_head_dim")}
-    model = _moe(cfg, name, "deepseek_v3", attention_kind="mla", q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+    model = _moe(cfg, name, "deepseek_v3", attention_kind="mla", q_lora_rank=_opt(cfg, "q_lora_rank", 0, "count"),
                  kv_lora_rank=_req(cfg, "kv_lora_rank"), qk_rope_head_dim=_req(cfg, "qk_rope_head_dim"),
                  v_head_dim=_req(cfg, "v_head_dim"), qk_norm=True)
-    mtp = int(cfg.get("num_nextn_predict_layers", 0) or 0)
+    mtp = _opt(cfg, "num_nextn_predict_layers", 0, "count")
     return model.with_mtp(mtp) if mtp else model
 
 
@@ -103,11 +114,11 @@ def _gpt2(cfg: dict, name: str) -> ModelSpec:
     return decoder_model(name=name, family="gpt", n_layers=_req(cfg, "n_layer", "num_hidden_layers"), hidden=hidden,
                          n_heads=_req(cfg, "n_head", "num_attention_heads"),
                          n_kv_heads=_req(cfg, "n_head", "num_attention_heads"),
-                         ffn_hidden=cfg.get("n_inner") or 4 * hidden, vocab=_req(cfg, "vocab_size"),
+                         ffn_hidden=_opt(cfg, "n_inner", 0, "count") or 4 * hidden, vocab=_req(cfg, "vocab_size"),
                          activation="gelu", norm="layernorm", bias=True, tied_embeddings=True, position="learned",
-                         max_seq_len=int(cfg.get("n_positions", 1024)),
-                         norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
-                         dropout=float(cfg.get("resid_pdrop", 0.1)))
+                         max_seq_len=_opt(cfg, "n_positions", 1024, "count"),
+                         norm_eps=float(_opt(cfg, "layer_norm_epsilon", 1e-5, "pos")),
+                         dropout=float(_opt(cfg, "resid_pdrop", 0.1, "nonneg")))
 
 
 def _neox(cfg: dict, name: str) -> ModelSpec:
@@ -115,11 +126,11 @@ def _neox(cfg: dict, name: str) -> ModelSpec:
     return decoder_model(name=name, family="gpt", n_layers=_req(cfg, "num_hidden_layers"),
                          hidden=_req(cfg, "hidden_size"), n_heads=heads, n_kv_heads=heads,
                          ffn_hidden=_req(cfg, "intermediate_size"), vocab=_req(cfg, "vocab_size"), activation="gelu",
-                         norm="layernorm", bias=True, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                         position="rope", max_seq_len=int(cfg.get("max_position_embeddings", 0) or 0),
-                         rope_theta=float(cfg.get("rotary_emb_base", 10000.0)),
-                         norm_eps=float(cfg.get("layer_norm_eps", 1e-5)),
-                         dropout=float(cfg.get("hidden_dropout", 0.0) or 0.0))
+                         norm="layernorm", bias=True, tied_embeddings=_opt(cfg, "tie_word_embeddings", False, "bool"),
+                         position="rope", max_seq_len=_opt(cfg, "max_position_embeddings", 0, "count"),
+                         rope_theta=float(_opt(cfg, "rotary_emb_base", 10000.0, "pos")),
+                         norm_eps=float(_opt(cfg, "layer_norm_eps", 1e-5, "pos")),
+                         dropout=float(_opt(cfg, "hidden_dropout", 0.0, "nonneg")))
 
 
 def model_from_hf(cfg: dict, *, name: str = "hf-model") -> ModelSpec:

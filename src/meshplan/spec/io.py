@@ -6,6 +6,7 @@ File units are the datasheet's (GB, TB/s, GB/s bidirectional NVLink, Gb/s NIC, T
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from meshplan.spec.model import (
     decoder_model,
 )
 from meshplan.spec.plan import Plan
+from meshplan.spec.typed import REQUIRED, fits, typed, value_of
 
 
 def read_file(path: str | Path) -> dict:
@@ -31,8 +33,10 @@ def read_file(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir():
         raise SpecError("file", str(p), "is a folder; give a TOML or JSON file")
-    if not p.is_file():
+    if not p.exists():
         raise SpecError("file", str(p), "no such file")
+    if not p.is_file():
+        raise SpecError("file", str(p), "is not a regular file; give a TOML or JSON file")
     try:
         text = p.read_text()
         return json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
@@ -59,18 +63,27 @@ def build(cls: type, data: dict, where: str, nested: dict[str, Any] | None = Non
     flds = {f.name: f for f in fields(cls)}
     required = tuple(n for n, f in flds.items() if f.default is MISSING and f.default_factory is MISSING)
     check_keys(where, data, set(flds), required)
-    kw = {}
-    for k, v in data.items():
-        if k in nested:
-            kw[k] = nested[k](v, f"{where}.{k}")
-        elif isinstance(v, list):
-            kw[k] = tuple(v)
-        else:
-            kw[k] = v
+    kw = {k: nested[k](v, f"{where}.{k}") if k in nested else _field_value(v, f"{where}.{k}", flds[k].type)
+          for k, v in data.items()}
     try:
         return cls(**kw)
     except TypeError as exc:
         raise SpecError(where, data, f"cannot be built: {exc}") from None
+
+
+_ANNOTATION_KINDS = {"int": "whole", "float": "num", "bool": "bool", "str": "str"}
+
+
+def _field_value(v: Any, where: str, annotation: Any) -> Any:
+    """A file's value for a dataclass field, checked against the field's annotation (``int``, ``float``,
+    ``bool``, ``str``, ``tuple[X, ...]``); values of other fields pass unchecked (arrays as tuples)."""
+    annotation = str(annotation)
+    if annotation.startswith("tuple["):
+        inner = _ANNOTATION_KINDS.get(annotation[6:].split(",")[0].strip())
+        return tuple(typed(x, f"{where}[{i}]", inner) if inner else x
+                     for i, x in enumerate(typed(v, where, "array")))
+    kind = _ANNOTATION_KINDS.get(annotation)
+    return typed(v, where, kind) if kind else tuple(v) if isinstance(v, list) else v
 
 
 # ---------------------------------------------------------------- GPUs
@@ -86,30 +99,37 @@ def gpu_from_dict(d: dict, where: str = "gpu") -> GPUSpec:
     "80 GB" is 80 GiB of HBM, of which CUDA sees about 79.1 GiB)."""
     check_keys(where, d, _GPU_KEYS, ("name", "generation", "peak_tflops", "hbm_gb", "hbm_tb_s", "nvlink_gb_s",
                                      "nic_gbit_s"))
-    check_keys(f"{where}.peak_tflops", d["peak_tflops"], set(DTYPES))
+    peaks = typed(d["peak_tflops"], f"{where}.peak_tflops", "table")
+    check_keys(f"{where}.peak_tflops", peaks, set(DTYPES))
+
+    def num(key: str, kind: str, default: Any = REQUIRED) -> float:
+        return float(value_of(d, key, where, kind, default))
+
     return GPUSpec(
-        name=d["name"], generation=d["generation"],
-        peak=PeakFlops(**{k: float(v) * 1e12 for k, v in d["peak_tflops"].items()}),
-        hbm_bytes=_device_memory(d, where), hbm_bandwidth=float(d["hbm_tb_s"]) * 1e12,
+        name=value_of(d, "name", where, "str"), generation=value_of(d, "generation", where, "str"),
+        peak=PeakFlops(**{k: float(typed(v, f"{where}.peak_tflops.{k}", "nonneg")) * 1e12 for k, v in peaks.items()}),
+        hbm_bytes=_device_memory(d, where), hbm_bandwidth=num("hbm_tb_s", "pos") * 1e12,
         # Datasheets quote NVLink as the bidirectional aggregate; one direction is half.
-        intra_bandwidth=float(d["nvlink_gb_s"]) * 1e9 / 2,
-        nic_bandwidth=float(d["nic_gbit_s"]) * 1e9 / 8,
-        nvlink_domain=int(d.get("nvlink_domain", 8)), gpus_per_node=int(d.get("gpus_per_node", 8)),
-        intra_latency=float(d.get("intra_latency_us", 3.0)) * 1e-6,
-        nic_latency=float(d.get("nic_latency_us", 8.0)) * 1e-6,
-        price_per_hour=float(d.get("price_per_hour", 0.0)), source=d.get("source", ""),
+        intra_bandwidth=num("nvlink_gb_s", "pos") * 1e9 / 2,
+        nic_bandwidth=num("nic_gbit_s", "pos") * 1e9 / 8,
+        nvlink_domain=value_of(d, "nvlink_domain", where, "int", 8),
+        gpus_per_node=value_of(d, "gpus_per_node", where, "int", 8),
+        intra_latency=num("intra_latency_us", "nonneg", 3.0) * 1e-6,
+        nic_latency=num("nic_latency_us", "nonneg", 8.0) * 1e-6,
+        price_per_hour=num("price_per_hour", "nonneg", 0.0), source=value_of(d, "source", where, "str", ""),
         calibration=_calibration_pairs(d.get("calibration", {}), f"{where}.calibration"))
 
 
 def _device_memory(d: dict, where: str) -> float:
     """Bytes of device memory an engine or allocator can size against (see ``gpu_from_dict``)."""
+    hbm = float(value_of(d, "hbm_gb", where, "pos"))
     if "usable_gib" not in d:
-        return float(d["hbm_gb"]) * 1e9
-    usable = float(d["usable_gib"]) * 2**30
-    if not 0 < usable <= 1.1 * float(d["hbm_gb"]) * 2**30:
+        return hbm * 1e9
+    usable = float(value_of(d, "usable_gib", where, "pos")) * 2**30
+    if not 0 < usable <= 1.1 * hbm * 2**30:
         raise SpecError(f"{where}.usable_gib", d["usable_gib"], f"must be positive and at most the {d['hbm_gb']} "
                         "GiB of HBM the datasheet names")
-    if not d.get("usable_source"):
+    if not value_of(d, "usable_source", where, "str", ""):
         raise SpecError(f"{where}.usable_source", "", "must say where the measured usable_gib comes from")
     return usable
 
@@ -121,7 +141,7 @@ def _calibration_pairs(d: dict, where: str) -> tuple[tuple[str, float], ...]:
     from meshplan.spec.calibration import Calibration
 
     check_keys(where, d, {f.name for f in dc_fields(Calibration)})
-    return tuple(sorted((k, float(v)) for k, v in d.items()))
+    return tuple(sorted((k, float(typed(v, f"{where}.{k}", "num"))) for k, v in d.items()))
 
 
 def gpu_to_dict(g: GPUSpec) -> dict:
@@ -148,19 +168,23 @@ def _blocks(v: list, where: str) -> tuple[BlockSpec, ...]:
     return tuple(build(BlockSpec, b, f"{where}[{i}]", {"layer": _layer}) for i, b in enumerate(v))
 
 
-_SHORT_MODEL_KEYS = {"name", "n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab", "head_dim",
-                     "activation", "norm", "bias", "tied_embeddings", "position", "family", "max_seq_len", "moe",
-                     "first_dense", "dense_ffn_hidden", "attention_kind", "q_lora_rank", "kv_lora_rank",
-                     "qk_rope_head_dim", "v_head_dim", "qkv_bias", "qk_norm", "norm_eps", "rope_theta", "rope_scaling",
-                     "rope_scaling_factor", "rope_mscale", "dropout"}
+_SHORT_MODEL_KEYS = {"name": "str", "n_layers": "int", "hidden": "int", "n_heads": "int", "n_kv_heads": "int",
+                     "ffn_hidden": "int", "vocab": "int", "head_dim": "count", "activation": "str", "norm": "str",
+                     "bias": "bool", "tied_embeddings": "bool", "position": "str", "family": "str",
+                     "max_seq_len": "count", "moe": "table", "first_dense": "count", "dense_ffn_hidden": "count",
+                     "attention_kind": "str", "q_lora_rank": "count", "kv_lora_rank": "count",
+                     "qk_rope_head_dim": "count", "v_head_dim": "count", "qkv_bias": "bool", "qk_norm": "bool",
+                     "norm_eps": "pos", "rope_theta": "pos", "rope_scaling": "str", "rope_scaling_factor": "pos",
+                     "rope_mscale": "nonneg", "dropout": "num"}
+"""Keys of the short single-decoder model form and the kind (``typed``) of each value."""
 
 
 def model_from_dict(d: dict, where: str = "model") -> ModelSpec:
     """A model from either the full ``[[blocks]]`` form or the short single-decoder form."""
     if "blocks" in d:
         return build(ModelSpec, d, where, {"blocks": _blocks})
-    check_keys(where, d, _SHORT_MODEL_KEYS, ("name", "n_layers", "hidden", "n_heads", "ffn_hidden", "vocab"))
-    kw = dict(d)
+    check_keys(where, d, set(_SHORT_MODEL_KEYS), ("name", "n_layers", "hidden", "n_heads", "ffn_hidden", "vocab"))
+    kw = {k: typed(v, f"{where}.{k}", _SHORT_MODEL_KEYS[k]) for k, v in d.items()}
     kw.setdefault("n_kv_heads", kw["n_heads"])
     if "moe" in kw:
         kw["moe"] = build(MoESpec, kw["moe"], f"{where}.moe")
@@ -174,10 +198,12 @@ def parse_gpus(text: str, gpu_lookup) -> ClusterSpec:
     pools, servers, server_bw = [], 0, 0.0
     for part in text.split("+"):
         count, sep, name = part.strip().partition("x")
-        if not sep or not count.isdigit() or int(count) < 1 or not name:
+        if not sep or not (count.isascii() and count.isdigit()) or int(count) < 1 or not name:
             raise SpecError("--gpus", text, "expected COUNTxGPU[+COUNTxGPU...][+COUNTxserver[@GB/s]], e.g. "
                             "1024xa100-80gb")
         if name.split("@")[0] == "server":
+            if servers:
+                raise SpecError("--gpus", text, "names servers twice; give one COUNTxserver[@GB/s] part")
             servers, server_bw = int(count), _server_rate(name, text)
             continue
         gpu = gpu_lookup(name)
@@ -189,20 +215,43 @@ def parse_gpus(text: str, gpu_lookup) -> ClusterSpec:
 
 def _server_rate(name: str, text: str) -> float:
     """``server`` (one NIC of the GPU's rate: 0) or ``server@GB/s``."""
-    _, _, rate = name.partition("@")
+    _, at, rate = name.partition("@")
+    if not at:
+        return 0.0
     try:
-        value = float(rate) if rate else 0.0
+        value = float(rate)
     except ValueError:
-        value = -1.0
-    if value < 0 or (rate and value == 0):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
         raise SpecError("--gpus", text, "a server's rate is COUNTxserver@GB/s with a positive GB/s, e.g. 8xserver@12.5")
     return value * 1e9
 
 
 def _level(d: dict, where: str) -> NetworkLevel:
     check_keys(where, d, {"name", "span", "bandwidth_gb_s", "latency_us"}, ("name", "span", "bandwidth_gb_s"))
-    return NetworkLevel(name=d["name"], span=int(d["span"]), bandwidth=float(d["bandwidth_gb_s"]) * 1e9,
-                        latency=float(d.get("latency_us", 5.0)) * 1e-6)
+    return NetworkLevel(name=value_of(d, "name", where, "str"), span=value_of(d, "span", where, "int"),
+                        bandwidth=float(value_of(d, "bandwidth_gb_s", where, "pos")) * 1e9,
+                        latency=float(value_of(d, "latency_us", where, "nonneg", 5.0)) * 1e-6)
+
+
+def _pool(p: dict, where: str, gpu_lookup) -> Pool:
+    """One ``[[pools]]`` entry of a cluster file (see ``cluster_from_dict``)."""
+    check_keys(where, p, {"gpu", "n_gpus", "gpus_per_node", "levels"}, ("gpu", "n_gpus"))
+    ref = p["gpu"]
+    if isinstance(ref, dict):
+        gpu = gpu_from_dict(ref, f"{where}.gpu")
+    elif isinstance(ref, str) and ref:
+        gpu = gpu_lookup(ref)
+    else:
+        raise SpecError(f"{where}.gpu", ref, 'must be a GPU name (e.g. "h100-sxm"), a GPU profile file or an '
+                        "inline [pools.gpu] table")
+    n = value_of(p, "n_gpus", where, "int")
+    per_node = value_of(p, "gpus_per_node", where, "int", gpu.gpus_per_node)
+    if "gpus_per_node" in p and n % per_node:
+        raise SpecError(f"{where}.gpus_per_node", per_node, f"must divide n_gpus = {n}: a pool is whole nodes")
+    levels = value_of(p, "levels", where, "array", [])
+    return Pool(gpu=gpu, n_gpus=n, gpus_per_node=per_node,
+                levels=tuple(_level(lv, f"{where}.levels[{j}]") for j, lv in enumerate(levels)))
 
 
 def cluster_from_dict(d: dict, gpu_lookup, where: str = "cluster") -> ClusterSpec:
@@ -211,18 +260,13 @@ def cluster_from_dict(d: dict, gpu_lookup, where: str = "cluster") -> ClusterSpe
     ``[derating]`` table: ``gpus = [[17, 0.6]]`` (GPU id, fraction of rated compute) and ``links = [[3, 0.25]]``
     (scale-up domain, fraction of rated scale-out bandwidth)."""
     check_keys(where, d, {"name", "pools", "inter_pool_gb_s", "derating", "servers"}, ("pools",))
-    pools = []
-    for i, p in enumerate(d["pools"]):
-        w = f"{where}.pools[{i}]"
-        check_keys(w, p, {"gpu", "n_gpus", "gpus_per_node", "levels"}, ("gpu", "n_gpus"))
-        gpu = gpu_from_dict(p["gpu"], f"{w}.gpu") if isinstance(p["gpu"], dict) else gpu_lookup(p["gpu"])
-        levels = tuple(_level(lv, f"{w}.levels[{j}]") for j, lv in enumerate(p.get("levels", [])))
-        pools.append(Pool(gpu=gpu, n_gpus=int(p["n_gpus"]),
-                          gpus_per_node=int(p.get("gpus_per_node", gpu.gpus_per_node)), levels=levels))
+    pools = value_of(d, "pools", where, "array")
+    pools = tuple(_pool(p, f"{where}.pools[{i}]", gpu_lookup) for i, p in enumerate(pools))
     count, bw = _servers(d.get("servers", {}), where)
-    return ClusterSpec(pools=tuple(pools), name=d.get("name", ""), derating=_derating(d.get("derating", {}), where),
-                       inter_pool_bandwidth=float(d.get("inter_pool_gb_s", 0.0)) * 1e9, servers=count,
-                       server_bandwidth=bw)
+    return ClusterSpec(pools=pools, name=value_of(d, "name", where, "str", ""),
+                       derating=_derating(d.get("derating", {}), where),
+                       inter_pool_bandwidth=float(value_of(d, "inter_pool_gb_s", where, "nonneg", 0.0)) * 1e9,
+                       servers=count, server_bandwidth=bw)
 
 
 def _servers(d: dict, where: str) -> tuple[int, float]:
@@ -232,9 +276,9 @@ def _servers(d: dict, where: str) -> tuple[int, float]:
         raise SpecError(w, d, "must be a table with count and optionally bandwidth_gb_s")
     check_keys(w, d, {"count", "bandwidth_gb_s"}, ())
     count, bw = d.get("count", 0), d.get("bandwidth_gb_s", 0.0)
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+    if not fits(count, "count"):
         raise SpecError(f"{w}.count", count, "must be a whole number of CPU machines >= 0")
-    if not isinstance(bw, (int, float)) or bw < 0:
+    if not fits(bw, "nonneg"):
         raise SpecError(f"{w}.bandwidth_gb_s", bw, "must be a bandwidth in GB/s >= 0 (0 = one NIC of the GPU's rate)")
     return count, float(bw) * 1e9
 
@@ -247,8 +291,8 @@ def _derating(d: dict, where: str) -> Derating:
     out = {}
     for key in ("gpus", "links"):
         items = d.get(key, [])
-        if not isinstance(items, list) or not all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], int)
-                                                  and isinstance(x[1], (int, float)) for x in items):
+        if not isinstance(items, list) or not all(isinstance(x, list) and len(x) == 2 and fits(x[0], "whole")
+                                                  and fits(x[1], "num") for x in items):
             raise SpecError(f"{w}.{key}", items, "must be a list of [id, fraction] pairs, e.g. [[17, 0.6]]")
         out[key] = tuple((int(i), float(f)) for i, f in items)
     return Derating(**out)
@@ -283,15 +327,31 @@ def read_plan_file(path: str | Path) -> tuple[Plan, dict]:
 
     Returns the plan and the dict of references (model, gpus, cluster, framework) the file carries.
     """
-    d = read_file(path)
+    d, where = read_file(path), str(path)
+    if not isinstance(d, dict):
+        raise SpecError(where, d, "must be a table of key = value with a [plan] table")
     if "plan" not in d:
-        return plan_from_dict(d, f"{path}"), {}
-    check_keys(str(path), d, PLAN_FILE_KEYS, ("plan",))
+        if d and not set(d) & {*_PLAN_REFS, "predicted"}:  # a bare table of Plan's fields
+            return plan_from_dict(d, where), {}
+        raise SpecError(f"{where}.plan", None, "is required: a plan file holds a [plan] table (global_batch, "
+                        "seq_len, tp, dp, ...) below its model and gpus references")
+    check_keys(where, d, PLAN_FILE_KEYS, ("plan",))
     refs = {k: d[k] for k in ("model", "gpus", "cluster", "framework", "predicted") if k in d}
+    for key, example in _PLAN_REFS.items():
+        if key in refs and not (isinstance(refs[key], str) and refs[key]):
+            raise SpecError(f"{where}.{key}", refs[key], f"must be a string in quotes, e.g. {example}")
     if "framework" in refs and not isinstance(refs["framework"], dict):
-        raise SpecError(f"{path}.framework", refs["framework"], "must be a table of stack settings, e.g. "
+        raise SpecError(f"{where}.framework", refs["framework"], "must be a table of stack settings, e.g. "
                         "grad_dtype = \"bf16\" (the stack's name is plan.framework)")
-    return plan_from_dict(d["plan"], f"{path}.plan"), refs
+    predicted = typed(refs.get("predicted", {}), f"{where}.predicted", "table")
+    for k, v in predicted.items():
+        typed(v, f"{where}.predicted.{k}", "num")
+    if not 0 < predicted.get("max_memory_fraction", 1.0) <= 4:
+        raise SpecError(f"{where}.predicted.max_memory_fraction", predicted["max_memory_fraction"], "must be in (0, 4]")
+    return plan_from_dict(d["plan"], f"{where}.plan"), refs
+
+
+_PLAN_REFS = {"model": '"llama3-8b"', "gpus": '"8xh100-sxm"', "cluster": '"cluster.toml"'}
 
 
 def plan_file_text(plan: Plan, *, model: str = "", gpus: str = "", framework: dict | None = None,

@@ -7,7 +7,9 @@ sample), a projector block (MLP only) and a decoder block.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from numbers import Integral, Real
 
 from meshplan.errors import SpecError
 
@@ -21,9 +23,20 @@ ROUTER_SCORES = ("softmax", "sigmoid")
 BALANCE_LOSSES = ("none", "aux_loss", "seq_aux_loss")
 
 
-def _positive(field_name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise SpecError(field_name, value, "must be a positive integer")
+def _positive(field_name: str, value: int, least: int = 1) -> None:
+    if not isinstance(value, Integral) or isinstance(value, bool) or value < least:
+        raise SpecError(field_name, value, "must be a positive integer" if least else "must be an integer >= 0")
+
+
+def _finite(field_name: str, value: float, *, positive: bool = False) -> None:
+    """A finite real number (and > 0 where ``positive``); NaN, inf and bools are rejected."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or (positive and value <= 0):
+        raise SpecError(field_name, value, "must be a finite number" + (" > 0" if positive else ""))
+
+
+def _flag(field_name: str, value: bool) -> None:
+    if not isinstance(value, bool):
+        raise SpecError(field_name, value, "must be true or false")
 
 
 def _member(field_name: str, value: str, options: tuple[str, ...]) -> None:
@@ -66,6 +79,10 @@ class AttentionSpec:
         _positive("attention.n_kv_heads", self.n_kv_heads)
         _positive("attention.head_dim", self.head_dim)
         _member("attention.kind", self.kind, ATTENTION_KINDS)
+        for f in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+            _positive(f"attention.{f}", getattr(self, f), 0)
+        for f in ("causal", "qkv_bias", "qk_norm"):
+            _flag(f"attention.{f}", getattr(self, f))
         if self.n_heads % self.n_kv_heads:
             raise SpecError("attention.n_kv_heads", self.n_kv_heads,
                             f"must divide n_heads={self.n_heads}")
@@ -125,6 +142,12 @@ class MoESpec:
         _positive("moe.expert_ffn_hidden", self.expert_ffn_hidden)
         if self.top_k > self.n_experts:
             raise SpecError("moe.top_k", self.top_k, f"must be <= n_experts={self.n_experts}")
+        for f in ("n_shared_experts", "shared_ffn_hidden", "router_groups", "router_group_topk"):
+            _positive(f"moe.{f}", getattr(self, f), 0)
+        for f in ("capacity_factor", "router_bias_update_rate", "aux_loss_coeff"):
+            _finite(f"moe.{f}", getattr(self, f))
+        _finite("moe.router_topk_scale", self.router_topk_scale, positive=True)
+        _flag("moe.router_expert_bias", self.router_expert_bias)
         if self.capacity_factor < 0:
             raise SpecError("moe.capacity_factor", self.capacity_factor, "must be >= 0 (0 = dropless)")
         _member("moe.router_score", self.router_score, ROUTER_SCORES)
@@ -168,6 +191,9 @@ class LayerSpec:
         _positive("layer.ffn_hidden", self.ffn_hidden)
         _member("layer.activation", self.activation, ACTIVATIONS)
         _member("layer.norm", self.norm, NORMS)
+        _flag("layer.bias", self.bias)
+        _positive("layer.in_hidden", self.in_hidden, 0)
+        _finite("layer.norm_eps", self.norm_eps, positive=True)
 
     @property
     def gated(self) -> bool:
@@ -190,7 +216,10 @@ class BlockSpec:
     """Fixed tokens per sample (e.g. image patches); 0 means the workload's sequence length."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise SpecError("block.name", self.name, "must be a string")
         _positive(f"block[{self.name}].n_layers", self.n_layers)
+        _positive(f"block[{self.name}].tokens", self.tokens, 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,11 +255,18 @@ class ModelSpec:
     Llama, Mixtral, Qwen and DeepSeek)."""
 
     def __post_init__(self) -> None:
+        for f in ("name", "family"):
+            if not isinstance(getattr(self, f), str):
+                raise SpecError(f"model.{f}", getattr(self, f), "must be a string")
         _positive("model.vocab", self.vocab)
+        _positive("model.max_seq_len", self.max_seq_len, 0)
+        _flag("model.tied_embeddings", self.tied_embeddings)
         _member("model.position", self.position, POSITIONS)
         _member("model.rope_scaling", self.rope_scaling, ROPE_SCALINGS)
-        if self.rope_theta <= 0 or self.rope_scaling_factor <= 0:
-            raise SpecError("model.rope_theta", (self.rope_theta, self.rope_scaling_factor), "must be positive")
+        for f in ("rope_theta", "rope_scaling_factor"):
+            _finite(f"model.{f}", getattr(self, f), positive=True)
+        _finite("model.rope_mscale", self.rope_mscale)
+        _finite("model.dropout", self.dropout)
         if not 0 <= self.dropout < 1:
             raise SpecError("model.dropout", self.dropout, "must be in [0, 1)")
         if not self.blocks:
@@ -273,7 +309,13 @@ def decoder_model(*, name: str, n_layers: int, hidden: int, n_heads: int, n_kv_h
     """Convenience builder for a single-block decoder (keyword options: head_dim, activation, norm, norm_eps,
     bias, qkv_bias, qk_norm, moe, first_dense, dense_ffn_hidden, attention_kind, mla ranks, and ModelSpec's
     own fields)."""
-    head_dim = kw.pop("head_dim", 0) or hidden // n_heads
+    _positive("model.n_layers", n_layers)
+    _positive("model.hidden", hidden)
+    _positive("attention.n_heads", n_heads)
+    head_dim = kw.pop("head_dim", 0)
+    if not head_dim and hidden % n_heads:
+        raise SpecError("model.hidden", hidden, f"must be a multiple of n_heads = {n_heads} (or give head_dim)")
+    head_dim = head_dim or hidden // n_heads
     att = AttentionSpec(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
                         kind=kw.pop("attention_kind", "gqa"), q_lora_rank=kw.pop("q_lora_rank", 0),
                         kv_lora_rank=kw.pop("kv_lora_rank", 0), qk_rope_head_dim=kw.pop("qk_rope_head_dim", 0),
@@ -282,6 +324,9 @@ def decoder_model(*, name: str, n_layers: int, hidden: int, n_heads: int, n_kv_h
     layer_kw = {k: kw.pop(k) for k in ("activation", "norm", "norm_eps", "bias") if k in kw}
     moe: MoESpec | None = kw.pop("moe", None)
     first_dense = kw.pop("first_dense", 0)
+    _positive("model.first_dense", first_dense, 0)
+    if moe is not None and first_dense >= n_layers:
+        raise SpecError("model.first_dense", first_dense, f"must be fewer than the n_layers = {n_layers}")
     dense_ffn = kw.pop("dense_ffn_hidden", 0) or ffn_hidden
     blocks = []
     if moe is not None and first_dense:
