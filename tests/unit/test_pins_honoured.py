@@ -60,6 +60,15 @@ def binary_file(tmp_path):
       "--etp", "4", "--tp", "2"], "etp=4 must be 1 or the tp degree"),
     (_serve("--checkpoint", "org/model"), "applies to --export only"),
     (_serve("--gpus", "8xh100-sxm+8xserver"), "serving runs no parameter servers"),
+    (PLAN[:5] + ["--global-batch", str(10**30), "--seq-len", "4096"], "must be at most 2,147,483,648"),
+    (["demo", "--global-batch", str(10**30)], "must be at most 2,147,483,648"),
+    (EST[:7] + ["--seq-len", str(10**30)], "must be at most 2,147,483,648"),
+    (PLAN + ["--recompute-layers", "5", "--recompute", "none"], "recompute is pinned to none"),
+    (PLAN + ["--recompute-layers", "1000000"], "exceeds llama3-8b's 32 layers"),
+    (PLAN + ["--cp", "1", "--cp-kind", "a2a"], "cp is pinned to 1"),
+    (EST + ["--cp-kind", "a2a"], "give --cp 2 or more"),
+    (["memcheck", "--layers", str(10**30)], "exceeds llama3.1-8b's 32 layers per block"),
+    (["memcheck", "--sp"], "give --tp 2 or more"),
 ])
 def test_refused_in_one_line(argv, needle, capsys):
     assert main(argv) == 2
@@ -106,3 +115,41 @@ def test_explain_refuses_a_width_no_table_fits(tmp_path, capsys):
     capsys.readouterr()
     assert main(["explain", str(plan), "--width", "1"]) == 2
     assert "40 to 1000 columns" in capsys.readouterr().err
+
+
+def test_a_layer_count_alone_means_full_recompute_on_that_many(capsys):
+    assert {p["recompute"] for p in _plans(PLAN + ["--recompute-layers", "5"], capsys)} == {"full:5"}
+
+
+def test_a_pinned_kind_of_context_parallelism_runs_only_with_some(capsys):
+    plans = _plans(PLAN + ["--cp-kind", "a2a"], capsys)
+    assert plans and all(p["plan"].get("cp", 1) > 1 and p["plan"].get("cp_kind") == "a2a" for p in plans)
+
+
+def test_a_pinned_hsdp_group_is_searched_as_pinned(capsys):
+    """8 GPUs of one node: HSDP groups smaller than a node are not among the search's own candidates, but a pinned
+    one is."""
+    plans = _plans(PLAN + ["--dp", "8", "--zero", "3", "--dp-shard", "4"], capsys)
+    assert plans and all(p["plan"].get("dp_shard") == 4 and p["plan"].get("zero") == 3 for p in plans)
+
+
+def test_serve_only_disaggregated_says_aggregated_would_fit(capsys):
+    assert main(_serve("--disagg", "only", "--tp", "8")) == 4
+    out = capsys.readouterr().out
+    assert "--disagg off serves it on these GPUs" in out
+
+
+def test_export_says_when_the_plan_does_not_fit(tmp_path, capsys):
+    plan = tmp_path / "p.toml"
+    assert main(PLAN + ["--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan), "--to", "megatron", "--model", "llama3-70b"]) == 0
+    assert "note: this plan does not fit" in capsys.readouterr().err
+
+
+def test_replan_refuses_blank_lost_ranks(tmp_path, capsys):
+    plan = tmp_path / "p.toml"
+    assert main(PLAN + ["--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["replan", "--from", str(plan), "--lose-ranks", " "]) == 2
+    assert "names no rank" in capsys.readouterr().err

@@ -52,11 +52,11 @@ def build_plan(base: Plan | None, flags: dict, n_gpus: int) -> Plan:
             raise SpecError("--tp x --pp x --cp", rest, f"must divide the {n_gpus} GPUs (the data-parallel degree "
                             "is what they leave)")
         fields["dp"] = n_gpus // rest
-    _check_knobs(fields)
+    _check_knobs(fields, given)
     return Plan(**fields)
 
 
-def _check_knobs(fields: dict) -> None:
+def _check_knobs(fields: dict, given: dict) -> None:
     """Knobs that mean nothing without another are refused, not dropped."""
     if fields.get("dp_shard") and not fields.get("zero"):
         raise SpecError("--dp-shard", fields["dp_shard"], "shards ZeRO/FSDP states: give --zero 1, 2 or 3 with it")
@@ -65,6 +65,9 @@ def _check_knobs(fields: dict) -> None:
     if fields.get("recompute_layers") and fields.get("recompute", "none") != "full":
         raise SpecError("--recompute-layers", fields["recompute_layers"], "counts fully recomputed layers: give "
                         "--recompute full with it")
+    if fields.get("cp_kind") and fields.get("cp", 1) == 1 and "cp_kind" in given:
+        raise SpecError("--cp-kind", fields["cp_kind"], "names how context parallelism exchanges keys and values: "
+                        "give --cp 2 or more with it")
     if fields.get("sp") and fields.get("tp", 1) == 1:
         raise SpecError("--sp", True, "splits the sequence over the TP group: give --tp 2 or more with it")
 
@@ -166,9 +169,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Predict step time and per-GPU memory of one plan."""
-        if trace:
+        if trace is not None:
             output_path("--trace", trace)
-        base, refs = read_plan_file(plan) if plan else (None, {})
+        base, refs = read_plan_file(plan) if plan is not None else (None, {})
         mdl = resolve_model(model, refs.get("model"))
         clu = resolve_cluster(gpus, cluster, refs.get("gpus") or refs.get("cluster"))
         local = locals()
@@ -190,7 +193,7 @@ def register(app: typer.Typer) -> None:
         sep = _separation(mdl, clu, the_plan, stack, dense_workers)
         est = predict(mdl, clu, the_plan, stack=stack, schedule=sched_obj,
                       simulate=True if (simulate or trace is not None) else None)
-        if trace:
+        if trace is not None:
             _write_trace(trace, est, the_plan, sched_obj)
             wrote(trace, "Chrome/Perfetto trace of the predicted step")
         _print(est, sep, mdl, clu, the_plan, stack, as_json=as_json)

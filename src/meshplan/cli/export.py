@@ -8,20 +8,21 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 APPROXIMATE_EXIT = 3
 
 
-def run_export(plan_file: str, *, to: str, out: str = "", model_ref: str = "", gpus: str = "", fmt: str = "",
+def run_export(plan_file: str, *, to: str, out: str | None = None, model_ref: str = "", gpus: str = "", fmt: str = "",
                framework: str = "", allow_approximate: bool = False) -> int:
     """Export a plan file; returns the exit status."""
     from meshplan.cli.common import output_path, resolve_framework, resolve_model, wrote
     from meshplan.export.base import get_exporter, render_export, resolve_format
     from meshplan.spec.io import read_plan_file
 
-    if out:
+    if out is not None:
         output_path("--output", out)
     exporter = get_exporter(to)
     fmt = resolve_format(exporter, fmt)
@@ -31,8 +32,9 @@ def run_export(plan_file: str, *, to: str, out: str = "", model_ref: str = "", g
         plan = plan.with_(framework=framework)
     stack = resolve_framework(plan.framework, file_settings=refs.get("framework") if not framework else None)
     _check(model, plan, gpus or refs.get("gpus", ""))
+    _warn_unless_fits(model, plan, stack, gpus or refs.get("gpus", ""))
     result = render_export(exporter, model, plan, stack, gpus=gpus or refs.get("gpus", ""), fmt=fmt)
-    if out:
+    if out is not None:
         Path(out).write_text(result.text)
         wrote(out, f"{exporter.name} {fmt or 'configuration'}".strip())
     else:
@@ -44,6 +46,20 @@ def run_export(plan_file: str, *, to: str, out: str = "", model_ref: str = "", g
               file=sys.stderr)
         return APPROXIMATE_EXIT
     return 0
+
+
+def _warn_unless_fits(model, plan, stack, gpus: str) -> None:
+    """A plan predicted above its GPUs' memory is still exported (the framework decides), with a note saying so."""
+    if not gpus:
+        return
+    from meshplan import catalog
+    from meshplan.sim.predict import predict
+
+    est = predict(model, catalog.cluster(gpus), plan, stack=stack)
+    if not est.fits:
+        print(f"note: this plan does not fit: its predicted peak is {est.peak_memory / 2**30:,.1f} GiB of "
+              f"{est.capacity / 2**30:,.1f} GiB per GPU (meshplan estimate --plan shows where it goes)",
+              file=sys.stderr)
 
 
 def _check(model, plan, gpus: str) -> None:
@@ -65,7 +81,7 @@ def register(app: typer.Typer) -> None:
     def export(
         plan_file: str = typer.Argument(..., help="Plan file (TOML written by meshplan plan)."),
         to: str = typer.Option(..., "--to", help="Framework: megatron, torchtitan or deepspeed."),
-        out: str = typer.Option("", "-o", "--output", help="Output file (default: stdout)."),
+        out: Optional[str] = typer.Option(None, "-o", "--output", help="Output file (default: stdout)."),
         model: str = typer.Option("", "--model", help="Model (catalog name or file); overrides the plan file's."),
         gpus: str = typer.Option("", "--gpus", help="GPUs, e.g. 256xh100-sxm; overrides the plan file's."),
         fmt: str = typer.Option("", "--format", help="Output layout; torchtitan: toml (0.1/0.2) or python (>=0.3)."),

@@ -157,6 +157,8 @@ def plan_of_flags(n: int, gpus: str, layout: dict):
             raise SpecError(flag, value, f"tp x pp = {tp * pp} does not divide the {n} GPUs of {gpus}, so dp "
                             "cannot be derived; give a degree that divides them, or --dp")
         dp = n // (tp * pp)
+    if lay.get("sp") and tp == 1:
+        raise SpecError("--sp", True, "splits the sequence over the TP group: give --tp 2 or more with it")
     zero = lay.get("zero")
     if zero and dp == 1:
         raise SpecError("--zero", zero, "shards state over data parallelism, and this layout has dp = 1; give "
@@ -219,6 +221,10 @@ def register(app: typer.Typer) -> None:
             raise SpecError(gpus_field, gpus, f"has {cluster.n_gpus} GPUs, the plan needs {plan.n_gpus}")
         idx = parse_stages(stages, plan.pp)
         spec = catalog.model(model)
+        most = max(b.n_layers for b in spec.blocks)
+        if layers > most:
+            raise SpecError("--layers", layers, f"exceeds {spec.name}'s {most} layers per block (it measures fewer "
+                            "layers than the model has; 0 = all of them)")
         if layers and layers * len(spec.blocks) < plan.n_stages:
             raise SpecError("--layers", layers, f"a {plan.n_stages}-stage pipeline needs at least "
                             f"{-(-plan.n_stages // len(spec.blocks))} layers per block")

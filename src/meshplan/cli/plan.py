@@ -148,7 +148,7 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
 
         raise SpecError("--state-copies", request.state_copies, f"needs {request.state_copies + 1} scale-up domains "
                         f"(nodes) so that each copy lives off its shard's node; {cluster.describe()} has {domains}")
-    if out:
+    if out is not None:
         output_path("--out", out)
     if "*" in request.prices:
         from dataclasses import replace
@@ -173,7 +173,7 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
             sys.stdout.write(sep["text"] + "\n")
     if result.best is None:
         return NOTHING_FITS_EXIT
-    if out:
+    if out is not None:
         win = result.best
         source = cluster_file or (gpus if gpus and Path(gpus).is_file() else "")
         whole = source and win.cluster.n_gpus == cluster.n_gpus and len(win.cluster.pools) == len(cluster.pools)
@@ -223,7 +223,7 @@ class PlanArgs:
     objective: str
     state_copies: int
     as_json: bool
-    out: str
+    out: str | None
 
     def pins(self) -> dict:
         """The layout knobs the user pinned (a degree of 0, an empty name or an unset switch leaves it free)."""
@@ -314,7 +314,7 @@ def plan(
                                      "optimizer-state shard off its node, so losing that many nodes needs no "
                                      "checkpoint (priced in memory and per-step traffic)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    out: str = typer.Option("", "--out", help="Write the winner as a plan file (TOML)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Write the winner as a plan file (TOML)."),
 ) -> None:
     """Find the fastest (or cheapest) parallel layout that fits."""
     a = PlanArgs(**locals())  # exactly the parameters above

@@ -32,6 +32,8 @@ def parse_ranks(text: str, *, flag: str, world: int) -> tuple[int, ...]:
             raise SpecError(flag, text, f"rank {max(int(m.group(1)), world)} is not in the old world, "
                             f"0..{world - 1}")
         out += range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1)
+    if not out:
+        raise SpecError(flag, text, "names no rank: give ranks such as 8-15,40")
     ranks = sorted(out)
     twice = next((r for r, nxt in zip(ranks, ranks[1:]) if r == nxt), None)
     if twice is not None:

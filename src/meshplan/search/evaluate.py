@@ -106,7 +106,8 @@ def ladder(ev: Evaluation, variant: ClusterSpec, plan: Plan) -> None:
     """Least recompute that fits: none; else selective and full on the fewest layers per rank. A pinned mode is
     the only one tried, even where less recompute would fit."""
     space = ev.space
-    pin = space.request.pins.get("recompute")
+    pins = space.request.pins
+    pin = pins.get("recompute", "full" if "recompute_layers" in pins else None)  # a layer count means full
     base = _with_recompute(ev, variant, plan, "none")
     if base is None:
         return
@@ -122,7 +123,7 @@ def ladder(ev: Evaluation, variant: ClusterSpec, plan: Plan) -> None:
             ev.tally.pruned["bound (recompute only adds time)"] += 1
             return
     found = False
-    if space.selective_allowed() and any(b.layer.attention for b in space.model.blocks):
+    if pin in (None, "selective") and space.selective_allowed() and any(b.layer.attention for b in space.model.blocks):
         sel = _with_recompute(ev, variant, plan, "selective")
         if sel is not None and fits(space, sel):
             ev.front.add(space, sel)

@@ -71,6 +71,14 @@ def pin_violations(model: ModelSpec, cluster: ClusterSpec, request: SearchReques
             lo, hi = schedule_spec(probe.schedule_name).chunks
             if probe.vpp < lo or (hi and probe.vpp > hi):
                 out.append(schedule_spec(probe.schedule_name).accepts(pp=probe.pp, vpp=probe.vpp, n_micro=10**6))
+    if pins.get("recompute_layers") and pins.get("recompute", "full") != "full":
+        out.append(f"recompute_layers={pins['recompute_layers']} counts fully recomputed layers, recompute is "
+                   f"pinned to {pins['recompute']}")
+    if pins.get("recompute_layers", 0) > model.n_layers:
+        out.append(f"recompute_layers={pins['recompute_layers']} exceeds {model.name}'s {model.n_layers} layers")
+    if "cp_kind" in pins and pins.get("cp") == 1:
+        out.append(f"cp_kind={pins['cp_kind']} names how context parallelism exchanges keys and values, cp is "
+                   "pinned to 1")
     if pins.get("etp", 1) > 1 and pins.get("tp", pins["etp"]) != pins["etp"]:  # _expert_options: etp is 1 or tp
         out.append(f"etp={pins['etp']} must be 1 or the tp degree (experts split like the dense layers), tp is "
                    f"pinned to {pins['tp']}")

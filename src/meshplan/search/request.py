@@ -8,7 +8,7 @@ from meshplan import catalog
 from meshplan.cost.memory_limits import stack_limit
 from meshplan.errors import SpecError
 from meshplan.spec.framework import FrameworkProfile
-from meshplan.spec.plan import DEFAULT_FRAMEWORK, PRECISIONS
+from meshplan.spec.plan import DEFAULT_FRAMEWORK, MAX_COUNT, PRECISIONS
 
 OBJECTIVES = ("time", "cost", "robust")
 PIN_FIELDS = ("tp", "sp", "cp", "cp_kind", "pp", "vpp", "schedule", "dp", "zero", "dp_shard", "ep", "etp",
@@ -63,6 +63,8 @@ class SearchRequest:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise SpecError(f"request.{name}", v, "must be an integer >= 1")
+            if v > MAX_COUNT:
+                raise SpecError(f"--{name.replace('_', '-')}", v, f"must be at most {MAX_COUNT:,}")
         if not isinstance(self.state_copies, int) or isinstance(self.state_copies, bool) or self.state_copies < 0:
             raise SpecError("--state-copies", self.state_copies, "must be an integer >= 0")
         if self.precision not in PRECISIONS:

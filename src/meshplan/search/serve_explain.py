@@ -121,16 +121,24 @@ def nearest(result: ServeResult) -> list[str]:
 
 
 def _nothing_fits(req: ServeRequest) -> list[str]:
-    """No layout holds the weights and one request: the fewest GPUs (2x, 4x, 8x) and fp8 weights that would."""
+    """No layout holds the weights and one request: the fewest GPUs (2x, 4x, 8x) and fp8 weights that would (as
+    aggregated deployments, quicker to search, unless only disaggregated ones were asked for, which an aggregated
+    one on these GPUs may then stand in for)."""
     out = []
+    kind = "only" if req.disagg == "only" else "off"
+    if kind == "only":
+        won = search(replace(req, disagg="off")).candidates
+        if won:
+            out.append(f"--disagg off serves it on these GPUs, e.g. {won[0].label()}: a disaggregated deployment "
+                       "needs a prefill replica and a decode replica of its own")
     for k in (2, 4, 8, 16):
         bigger = replace(req.pool, n_gpus=k * req.pool.n_gpus)
-        won = search(replace(req, cluster=replace(req.cluster, pools=(bigger,), name=""), disagg="off")).candidates
+        won = search(replace(req, cluster=replace(req.cluster, pools=(bigger,), name=""), disagg=kind)).candidates
         if won:
             out.append(f"{bigger.n_gpus}x{bigger.gpu.name} holds it, e.g. {won[0].label()}")
             break
     if req.precision != "fp8":
-        won = search(replace(req, precision="fp8", kv_dtype="fp8", disagg="off")).candidates
+        won = search(replace(req, precision="fp8", kv_dtype="fp8", disagg=kind)).candidates
         if won:
             out.append(f"--precision fp8 --kv-dtype fp8 holds it on these GPUs, e.g. {won[0].label()}")
     return out or ["no layout holds the weights and one request even on 16x the GPUs: a smaller model or GPUs "

@@ -106,6 +106,9 @@ def degree_tuples(model: ModelSpec, cluster: ClusterSpec, req: SearchRequest, pr
         for cp in divisors(n // tp):
             if not _pin_ok(req, "cp", cp):
                 continue
+            if cp == 1 and "cp_kind" in req.pins:  # a pinned kind of context parallelism needs some
+                pruned["cp_kind pinned, cp 1"] += 1
+                continue
             if req.seq_len % cp or (cp > 1 and req.seq_len // cp < MIN_TOKENS_PER_CP_RANK and "cp" not in req.pins):
                 pruned["cp shard too short"] += 1
                 continue
@@ -206,9 +209,10 @@ def zero_options(deg: Degrees, req: SearchRequest, *, node: int, pruned: Counter
             low = keep
         opts = [(z, 0) for z in low]
         # A shard group of one rank (z3/1) is replication under another name: not a candidate.
-        shards = [d for d in divisors(deg.dp) if d < deg.dp and d * deg.tp * deg.cp >= node and d & (d - 1) == 0
-                  and d * deg.cp > 1]
-        if not req.exhaustive:
+        pinned = req.pins.get("dp_shard", 0)
+        shards = [d for d in divisors(deg.dp) if d < deg.dp and d * deg.cp > 1 and (
+            d == pinned or d * deg.tp * deg.cp >= node and d & (d - 1) == 0)]  # a pinned group as pinned
+        if not req.exhaustive and not pinned:
             # HSDP groups of 1, 4, 16... nodes: memory and traffic change slowly with the group size.
             keep = [d for d in shards if (d * deg.tp * deg.cp // node).bit_length() % 2 == 1]
             pruned["hsdp group sizes skipped"] += len(shards) - len(keep)

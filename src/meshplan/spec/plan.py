@@ -22,9 +22,16 @@ DEFAULT_FRAMEWORK = "megatron-core"
 """The stack a plan is predicted for when nobody names one (what ``meshplan export --to megatron`` writes)."""
 
 
+MAX_COUNT = 2**31
+"""Largest batch, sequence length or degree a plan takes: beyond any job (Llama 4's longest context is 10M tokens,
+the largest published batches a few tens of millions of tokens), and the search's divisor scans stay short."""
+
+
 def _check_int(name: str, value: int, lo: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < lo:
         raise SpecError(f"plan.{name}", value, f"must be an integer >= {lo}")
+    if value > MAX_COUNT:
+        raise SpecError(f"plan.{name}", value, f"must be at most {MAX_COUNT:,}")
 
 
 @dataclass(frozen=True, kw_only=True)
