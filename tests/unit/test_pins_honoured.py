@@ -153,3 +153,17 @@ def test_replan_refuses_blank_lost_ranks(tmp_path, capsys):
     capsys.readouterr()
     assert main(["replan", "--from", str(plan), "--lose-ranks", " "]) == 2
     assert "names no rank" in capsys.readouterr().err
+
+
+def test_network_levels_must_nest():
+    from meshplan import catalog
+    from meshplan.errors import SpecError
+    from meshplan.spec.cluster import NetworkLevel, Pool
+
+    gpu = catalog.gpu("h100-sxm")
+    lv = lambda span: NetworkLevel(name=f"l{span}", span=span, bandwidth=1e9, latency=0.0)  # noqa: E731
+    with pytest.raises(SpecError, match="spans must grow"):
+        Pool(gpu=gpu, n_gpus=8, levels=(lv(3), lv(5)))
+    with pytest.raises(SpecError, match="spans must grow"):
+        Pool(gpu=gpu, n_gpus=16, levels=(lv(8), lv(8)))
+    assert Pool(gpu=gpu, n_gpus=64, levels=(lv(8), lv(64))).network()[-1].span == 64

@@ -67,6 +67,10 @@ class Pool:
             raise SpecError(f"pool[{self.gpu.name}].n_gpus", self.n_gpus, "must be a whole number >= 1")
         if not _whole(self.gpus_per_node, 1):
             raise SpecError(f"pool[{self.gpu.name}].gpus_per_node", self.gpus_per_node, "must be a whole number >= 1")
+        spans = [lv.span for lv in self.levels]
+        if any(b <= a or b % a for a, b in zip(spans, spans[1:])):  # each level groups whole groups of the last
+            raise SpecError(f"pool[{self.gpu.name}].levels", spans, "spans must grow from level to level, each a "
+                            "multiple of the one inside it (e.g. 8 GPUs a node, then 64 a rail group)")
 
     def network(self) -> tuple[NetworkLevel, ...]:
         """The network levels, innermost first, ending with one that spans the whole pool."""
