@@ -24,7 +24,22 @@ class SpecError(MeshplanError):
         self.expected = expected
         self.suggestions = tuple(suggestions)
         hint = f" (did you mean: {', '.join(self.suggestions)}?)" if self.suggestions else ""
-        super().__init__(f"{field_name} = {value!r}: {expected}{hint}")
+        super().__init__(f"{field_name} = {shown(value)}: {expected}{hint}")
+
+
+SHOWN_CHARS = 200
+"""How much of a value's repr an error line shows (a whole file's table would make a line of 100k characters)."""
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)``, cut to about ``limit`` characters with an ellipsis and the full length when longer."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer beyond the interpreter's digit limit
+        return f"<a whole number of more than {limit} digits>"
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
 
 
 class PlanError(MeshplanError):

@@ -14,11 +14,12 @@ import csv
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterator
 
 from meshplan import catalog
 from meshplan.cost.flops import model_flops
 from meshplan.cost.stage import mtp_depth
-from meshplan.errors import MeshplanError, SpecError
+from meshplan.errors import MeshplanError, SpecError, shown
 from meshplan.spec.checks import plan_violations, stack_violations
 from meshplan.spec.cluster import ClusterSpec, Pool
 from meshplan.spec.framework import BEHAVIOUR_FIELDS, FrameworkProfile
@@ -102,7 +103,7 @@ def row_model(row: dict) -> ModelSpec:
     act = _activation(row, notes)
     gated_family = act in ("swiglu", "geglu")
     heads = _int(row, "n_heads")
-    kw = dict(name=row["model"] or row["id"], n_layers=_int(row, "n_layers"), hidden=_int(row, "hidden"),
+    kw = dict(name=row.get("model") or row["id"], n_layers=_int(row, "n_layers"), hidden=_int(row, "hidden"),
               n_heads=heads, n_kv_heads=_int(row, "n_kv_heads", heads), ffn_hidden=_int(row, "ffn_hidden"),
               vocab=_int(row, "vocab"), activation=act, norm="rmsnorm" if gated_family else "layernorm",
               bias=not gated_family and act == "gelu", tied_embeddings=act == "gelu",
@@ -125,7 +126,7 @@ def row_model(row: dict) -> ModelSpec:
 
 def row_cluster(row: dict) -> ClusterSpec:
     """The row's GPUs as one pool."""
-    gpu = catalog.gpu(row["gpu"])
+    gpu = catalog.gpu((row.get("gpu") or "").strip())
     n = _int(row, "n_gpus")
     return ClusterSpec(pools=(Pool(gpu=gpu, n_gpus=n, gpus_per_node=_int(row, "gpus_per_node", 8)),))
 
@@ -243,7 +244,14 @@ def _counted_flops_per_token(row: dict) -> float:
     if (not m or row.get("reported_metric") != "tokens_per_s_per_gpu"
             or (row.get("framework") or "").strip().lower() != "megatron-bridge"):
         return 0.0
-    return float(m.group(1)) * 1e12 / float(row["reported_value"])
+    try:
+        tokens_per_s = float(row.get("reported_value") or "nan")
+    except ValueError:
+        tokens_per_s = float("nan")
+    if not 0 < tokens_per_s < float("inf"):
+        raise SpecError("reported_value", row.get("reported_value"), "must be a positive tokens/s (the notes' "
+                        "Model TFLOP/s/GPU is read against it)")
+    return float(m.group(1)) * 1e12 / tokens_per_s
 
 
 def with_mtp(model: ModelSpec, depth: int) -> ModelSpec:
@@ -269,10 +277,21 @@ def infer_mtp(row: dict, model: ModelSpec, plan: Plan) -> ModelSpec:
 
 def row_to_run(row: dict) -> Run:
     """Translate one CSV row: its model, cluster, stack profile and layout, with the matching recipes applied;
-    raises MeshplanError with the reason when it cannot be expressed."""
+    raises MeshplanError with the reason when it cannot be expressed, its field named ``ROWID.COLUMN``."""
+    rid = (row.get("id") or "").strip() or "?"
+    try:
+        return _row_to_run(row, rid)
+    except SpecError as exc:
+        if exc.field == rid or exc.field.startswith(f"{rid}."):
+            raise
+        raise SpecError(f"{rid}.{exc.field}", exc.value, exc.expected, exc.suggestions) from None
+
+
+def _row_to_run(row: dict, rid: str) -> Run:
     missing = [k for k in REQUIRED if not (row.get(k) or "").strip()]
     if missing:
-        raise SpecError(row.get("id", "?"), ",".join(missing), "required columns are empty")
+        others = f" (also empty: {', '.join(missing[1:])})" if missing[1:] else ""
+        raise SpecError(f"{rid}.{missing[0]}", row.get(missing[0]) or "", f"is empty: a required column{others}")
     profile, note, recipes = row_profile(row)
     model, cluster, plan = row_model(row), row_cluster(row), row_plan(row, profile)
     bad = plan_violations(model, cluster, plan)
@@ -283,10 +302,13 @@ def row_to_run(row: dict) -> Run:
             plan, profile = apply_recipe(r, model, plan, profile)
         bad = plan_violations(model, cluster, plan) + stack_violations(plan, profile)
     if bad:
-        raise SpecError(row["id"], "layout", "; ".join(bad))
+        layout = " ".join(f"{k}={row.get(k, '').strip()}" for k in ("tp", "pp", "dp", "cp", "ep", "vpp")
+                          if (row.get(k) or "").strip())
+        raise SpecError(f"{rid}.layout", layout, "; ".join(bad))
     measured = _float(row, "step_time_s")
     if not measured > 0:
-        raise SpecError(row["id"], measured, "step_time_s must be a positive number of seconds")
+        raise SpecError(f"{rid}.step_time_s", row["step_time_s"], "the measured step_time_s must be a positive "
+                        "number of seconds")
     return Run(id=row["id"], model=model, cluster=cluster, plan=plan, framework=profile, profile_note=note,
                recipes=tuple(r.name for r in recipes), measured_s=measured, row=row)
 
@@ -295,31 +317,67 @@ def _float(row: dict, key: str) -> float:
     try:
         v = float(row[key])
     except ValueError:
-        raise SpecError(f"{row['id']}.{key}", row[key], "must be a number") from None
+        raise SpecError(key, row[key], "must be a number") from None
     if v != v or v in (float("inf"), float("-inf")):
-        raise SpecError(f"{row['id']}.{key}", row[key], "must be a finite number")
+        raise SpecError(key, row[key], "must be a finite number")
     return v
+
+
+def csv_path(path: str | Path) -> Path:
+    """``path`` as a CSV file to read, or a one-line error: empty, a folder, missing, not a regular file."""
+    if not str(path).strip():
+        raise SpecError("file", str(path), "is empty: name a CSV file")
+    p = Path(path)
+    if p.is_dir():
+        raise SpecError("file", str(p), "is a folder; give a CSV file")
+    if not p.exists():
+        raise SpecError("file", str(p), "no such file")
+    if not p.is_file():
+        raise SpecError("file", str(p), "is not a regular file; give a CSV file")
+    return p
+
+
+def csv_rows(path: str | Path, check_header) -> Iterator[tuple[int, dict, str]]:
+    """The data rows of a CSV as (line, row, why), every cell of the row stripped of surrounding blanks; ``why``
+    is empty, or says why the row cannot be read (more cells than the header names: the caller skips it).
+    ``check_header(fieldnames)`` refuses a header first; one naming a column twice is refused here. Read as UTF-8,
+    a leading byte-order mark dropped."""
+    p = csv_path(path)
+    try:
+        with p.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            header = list(reader.fieldnames or ())
+            dup = next((c for i, c in enumerate(header) if c in header[:i]), None)
+            if dup is not None:
+                raise SpecError("file", str(p), f"names column {dup!r} twice in its header: which cell counts is "
+                                "ambiguous; keep one")
+            check_header(reader.fieldnames)
+            for row in reader:
+                extra = row.pop(None, None)  # DictReader's restkey: cells beyond the header
+                row = {k: v.strip() if isinstance(v, str) else v for k, v in row.items()}
+                why = ""
+                if extra is not None:
+                    rid = row.get("id") or f"line {reader.line_num}"
+                    why = str(SpecError(f"{rid}.cells", len(header) + len(extra), f"line {reader.line_num} has more "
+                                        f"cells than the {len(header)} columns its header names (a stray comma or "
+                                        f"a value without a column: {shown(extra)})"))
+                yield reader.line_num, row, why
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise SpecError("file", str(p), f"is not a readable CSV ({exc})") from None
 
 
 def load_runs(path: str | Path) -> tuple[list[Run], list[tuple[str, str]]]:
     """All expressible runs of a CSV and the (id, reason) of every skipped row."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError("file", str(p), "no such file")
     runs, skipped = [], []
-    try:
-        with p.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            _check_columns(str(p), reader.fieldnames)
-            for row in reader:
-                try:
-                    runs.append(row_to_run(row))
-                except MeshplanError as exc:
-                    skipped.append((row.get("id", "?"), str(exc)))
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise SpecError("file", str(p), f"is not a readable CSV ({exc})") from None
+    for line, row, why in csv_rows(path, lambda header: _check_columns(str(path), header)):
+        try:
+            if why:
+                raise MeshplanError(why)
+            runs.append(row_to_run(row))
+        except MeshplanError as exc:
+            skipped.append((row.get("id") or f"line {line}", str(exc)))
     if not runs and not skipped:
-        raise SpecError("file", str(p), "has no rows")
+        raise SpecError("file", str(path), "has no rows")
     return runs, skipped
 
 

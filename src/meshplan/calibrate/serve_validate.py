@@ -4,7 +4,6 @@ and every row predicted "out of memory" although it ran (must be none)."""
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 import statistics
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshplan import catalog
+from meshplan.calibrate.runs import csv_rows
 from meshplan.cost.serve_capacity import sustainable_rate
 from meshplan.cost.serve_load import ServePrediction, fit_check, predict_load
 from meshplan.cost.serve_sizing import sized_engine, with_cap
@@ -191,6 +191,9 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
     prec = PRECISION_NAMES.get(prec, prec)
     kv = "fp8" if prec in ("fp8", "fp4") and engine.fp8_kv else ("fp16" if prec == "fp16" else "bf16")
     tp, pp, ep, dp = _int(row, "tp"), _int(row, "pp"), _int(row, "ep"), _int(row, "dp")
+    for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("dp", dp)):
+        if value < 1:
+            raise SpecError(f"{row['id']}.{name}", row[name].strip(), "must be a whole number >= 1 (empty: 1)")
     adp = ep // tp if ep > tp and ep % tp == 0 else 1
     replicas = dp
     if adp > 1:
@@ -200,7 +203,12 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
         return ServePlan(tp=tp, pp=pp, ep=ep, attn_dp=adp, replicas=replicas, precision=prec, kv_dtype=kv,
                          engine=engine.name)
     except SpecError as exc:
-        raise SpecError(f"{row['id']}.ep", ep, f"{exc.expected} (tp={tp}, pp={pp})") from None
+        name = exc.field.removeprefix("serve.")
+        if name == "ep":
+            raise SpecError(f"{row['id']}.ep", ep, f"{exc.expected} (tp={tp}, pp={pp})") from None
+        value = row["precision"].strip() if name == "precision" else exc.value
+        context = f" (ep={ep} over tp={tp}: ep / tp attention groups)" if name == "attn_dp" else ""
+        raise SpecError(f"{row['id']}.{name}", value, exc.expected + context, exc.suggestions) from None
 
 
 def check_experts(row: dict, model: ModelSpec, plan: ServePlan, engine: EngineProfile) -> None:
@@ -295,20 +303,24 @@ def validate_serving_csv(path: str | Path, constants: dict | None = None) -> Ser
     consts = load_constants() if constants is None else constants
     p = Path(path)
     rows, skipped, oom = [], [], []
-    with p.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        if not is_serving_csv(reader.fieldnames):
+
+    def check_header(header: list[str] | None) -> None:
+        if not is_serving_csv(header):
             raise SpecError("file", str(p), f"is not a serving CSV: needs columns {', '.join(REQUIRED)}")
-        for row in reader:
-            try:
-                got, why = predict_row(row, consts)
-            except MeshplanError as exc:
-                skipped.append((row.get("id", "?"), str(exc)))
-                continue
-            if got is None:
-                oom.append((row["id"], why))
-            else:
-                rows.append(got)
+
+    for line, row, bad in csv_rows(p, check_header):
+        rid = row.get("id") or f"line {line}"
+        try:
+            if bad:
+                raise MeshplanError(bad)
+            got, why = predict_row({**row, "id": rid}, consts)
+        except MeshplanError as exc:
+            skipped.append((rid, str(exc)))
+            continue
+        if got is None:
+            oom.append((rid, why))
+        else:
+            rows.append(got)
     if not rows:
         first = skipped[0] if skipped else oom[0] if oom else None
         why = f"; first: {first[0]}: {first[1]}" if first else ": it has no rows"

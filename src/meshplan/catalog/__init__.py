@@ -181,9 +181,17 @@ _SHORTHAND = re.compile(r"\s*[0-9]+x")
 def cluster(ref: str) -> ClusterSpec:
     """A cluster from the shorthand ``1024xa100-80gb[+...]`` or from a cluster TOML/JSON file (a path that is no
     shorthand is read as a file, so that a missing file or a folder is named as such)."""
-    if (ref and Path(ref).exists()) or (_looks_like_path(ref) and not _SHORTHAND.match(ref)):
+    if (ref and _exists(ref)) or (_looks_like_path(ref) and not _SHORTHAND.match(ref)):
         return cluster_from_dict(read_file(ref), gpu, ref)
     return parse_gpus(ref, gpu)
+
+
+def _exists(ref: str) -> bool:
+    """``ref`` names something on disk (a name the file system cannot even hold does not)."""
+    try:
+        return Path(ref).exists()
+    except (OSError, ValueError):  # too long, or a NUL byte
+        return False
 
 
 def framework_names() -> list[str]:

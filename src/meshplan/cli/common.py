@@ -63,6 +63,8 @@ def gib(x: float) -> str:
 def output_path(flag: str, path: str) -> Path:
     """``path`` as a file this command may write, checked before any work starts: not a folder, in a folder
     that exists and is writable."""
+    if not str(path).strip():
+        raise SpecError(flag, path, "is empty: give a file name")
     p = Path(path)
     if p.is_dir():
         raise SpecError(flag, path, "is a folder; give a file name")

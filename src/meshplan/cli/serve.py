@@ -36,12 +36,46 @@ def _percentile(text: str) -> float:
 def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
     """``--input-len``/``--output-len``: a number of tokens, inline bins ``128:3,512:1`` (length:weight), a
     file of ``length,weight`` lines (a header line and ``#`` comments allowed) or a JSON list of [length, weight],
-    or a benchmark dataset of the catalog (``sharegpt``: its lengths as the serving benchmarks sample them)."""
+    or a benchmark dataset of the catalog (``sharegpt``: its lengths as the serving benchmarks sample them).
+
+    A file of lines is read strictly: blank lines and ``#`` comments are skipped, one header line may come first
+    (its first field not a number); every other line is a whole length >= 1 and a finite weight > 0, separated
+    by a comma or a colon, else one error naming the file and the line."""
     import json
     from pathlib import Path
 
     from meshplan import catalog
     from meshplan.errors import SpecError
+
+    def file_lines(raw: str) -> list[tuple[str, str]]:
+        pairs: list[tuple[str, str]] = []
+        header = False
+        for no, line in enumerate(raw.splitlines(), 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            cells = [c.strip() for c in line.replace(":", ",").split(",")]
+            if not pairs and not header and cells[0][:1] not in "0123456789+-.":
+                header = True  # a column header such as "length,weight"
+                continue
+            where = f"{flag} {text} line {no}"
+            if len(cells) != 2:
+                raise SpecError(where, line, "expected length,weight: a whole number of tokens >= 1, a comma and "
+                                "a weight > 0")
+            n, w = cells
+            if not (n.isascii() and n.isdigit() and int(n) >= 1):
+                raise SpecError(where, line, f"the length {n!r} must be a whole number of tokens >= 1")
+            try:
+                weight = float(w)
+            except ValueError:
+                weight = math.nan
+            if not 0 < weight < math.inf:
+                raise SpecError(where, line, f"the weight {w!r} must be a finite number > 0")
+            pairs.append((n, w))
+        if not pairs:
+            raise SpecError(flag, text, "has no length,weight lines (only blank lines, # comments or a header): "
+                            "give one line per length, e.g. 1024,3")
+        return pairs
 
     text = str(text).strip()
     fmt = ("a whole number of tokens, bins like 128:3,512:1, a file of length,weight lines, or a dataset "
@@ -53,17 +87,19 @@ def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
             raise SpecError(flag, text, "must be >= 1 token")
         return ((int(text), 1.0),)
     path = Path(text)
-    if ":" not in text and not path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError:  # a name the file system refuses (too long): not a file
+        is_file = False
+    if ":" not in text and not is_file:
         raise SpecError(flag, text, f"expected {fmt}")
-    if path.is_file():
+    if is_file:
         try:
-            raw = path.read_text()
+            raw = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the first line
         except (OSError, UnicodeDecodeError) as exc:
             raise SpecError(flag, text, f"cannot be read as a text file of length,weight lines ({exc})") from None
         try:
-            pairs = json.loads(raw) if raw.lstrip().startswith("[") else [
-                line.replace(",", ":").split(":") for line in raw.splitlines()
-                if line.strip() and not line.lstrip().startswith("#") and line.strip()[0].isdigit()]
+            pairs = json.loads(raw) if raw.lstrip().startswith("[") else file_lines(raw)
         except json.JSONDecodeError as exc:
             raise SpecError(flag, text, f"is not valid JSON ({exc.msg} at line {exc.lineno})") from None
     else:
@@ -255,6 +291,9 @@ def _export_option(export_dir: str, checkpoint: str, allow_approximate: bool, en
     if not checkpoint:
         raise SpecError("--checkpoint", None, "is needed by --export: the Hugging Face id or path the engine "
                         "loads, e.g. meta-llama/Llama-3.1-70B-Instruct")
+    if not checkpoint.strip():
+        raise SpecError("--checkpoint", checkpoint, "is blank: give the Hugging Face id or path the engine loads, "
+                        "e.g. meta-llama/Llama-3.1-70B-Instruct")
     folder = Path(export_dir)
     if folder.exists() and not folder.is_dir():
         raise SpecError("--export", export_dir, "is a file; give a folder (created if missing)")

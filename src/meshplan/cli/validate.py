@@ -63,8 +63,10 @@ def register(app: typer.Typer) -> None:
         simulate: bool = typer.Option(False, "--simulate", help="Pipelines by the event simulator."),
     ) -> None:
         """Predict every row of a published-runs or serving CSV and report signed errors, MAPE, median and max."""
+        from meshplan.calibrate.runs import csv_path
         from meshplan.calibrate.validate import validate_csv
 
+        csv_path(csv_file)  # empty, a folder, missing: said before the header is sniffed
         if _is_serving(csv_file):
             _validate_serving(csv_file, as_json)
             return
@@ -94,7 +96,7 @@ def _is_serving(path: str) -> bool:
     if not p.is_file():
         return False
     try:
-        with p.open(newline="") as fh:
+        with p.open(newline="", encoding="utf-8-sig") as fh:
             return is_serving_csv(next(csv.reader(fh), None))
     except (UnicodeDecodeError, csv.Error):
         return False

@@ -30,6 +30,8 @@ from meshplan.spec.typed import REQUIRED, fits, typed, value_of
 
 def read_file(path: str | Path) -> dict:
     """Parse a TOML or JSON file into a dict, with a one-line error naming the file on failure."""
+    if not str(path).strip():
+        raise SpecError("file", str(path), "is empty: name a TOML or JSON file")
     p = Path(path)
     if p.is_dir():
         raise SpecError("file", str(p), "is a folder; give a TOML or JSON file")
@@ -38,7 +40,7 @@ def read_file(path: str | Path) -> dict:
     if not p.is_file():
         raise SpecError("file", str(p), "is not a regular file; give a TOML or JSON file")
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8-sig")  # a byte-order mark some editors write is not content
         return json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SpecError("file", str(p), f"cannot be parsed: {exc}") from None
@@ -101,6 +103,12 @@ def gpu_from_dict(d: dict, where: str = "gpu") -> GPUSpec:
                                      "nic_gbit_s"))
     peaks = typed(d["peak_tflops"], f"{where}.peak_tflops", "table")
     check_keys(f"{where}.peak_tflops", peaks, set(DTYPES))
+    for k, v in peaks.items():
+        typed(v, f"{where}.peak_tflops.{k}", "nonneg")
+    if not any(peaks.get(k, 0) > 0 for k in ("bf16", "fp32")):  # what GPUSpec needs to price any math
+        key = next((k for k in ("bf16", "fp32") if k in peaks), "")
+        raise SpecError(f"{where}.peak_tflops" + (f".{key}" if key else ""), peaks[key] if key else peaks,
+                        "needs a positive dense bf16 or fp32 peak in TFLOP/s, e.g. bf16 = 989")
 
     def num(key: str, kind: str, default: Any = REQUIRED) -> float:
         return float(value_of(d, key, where, kind, default))
@@ -198,9 +206,10 @@ def parse_gpus(text: str, gpu_lookup) -> ClusterSpec:
     pools, servers, server_bw = [], 0, 0.0
     for part in text.split("+"):
         count, sep, name = part.strip().partition("x")
-        if not sep or not (count.isascii() and count.isdigit()) or int(count) < 1 or not name:
+        if not sep or not (count.isascii() and count.isdigit()) or not count.strip("0") or not name:
             raise SpecError("--gpus", text, "expected COUNTxGPU[+COUNTxGPU...][+COUNTxserver[@GB/s]], e.g. "
                             "1024xa100-80gb")
+        _check_count("--gpus", text, count, "CPU servers" if name.split("@")[0] == "server" else "GPUs")
         if name.split("@")[0] == "server":
             if servers:
                 raise SpecError("--gpus", text, "names servers twice; give one COUNTxserver[@GB/s] part")
@@ -211,6 +220,25 @@ def parse_gpus(text: str, gpu_lookup) -> ClusterSpec:
     if not pools:
         raise SpecError("--gpus", text, "names no GPUs (CPU servers serve GPU workers), e.g. 64xa100-40gb+8xserver")
     return ClusterSpec(pools=tuple(pools), name=text, servers=servers, server_bandwidth=server_bw)
+
+
+MAX_POOL_GPUS = 1_000_000
+"""The most GPUs (or CPU servers) one pool of a cluster may hold: far beyond any machine built, and small enough
+that the search and the replanner's per-GPU tables stay within memory."""
+
+
+def _check_count(field: str, text: object, count: str | int, what: str = "GPUs") -> None:
+    """A pool's count (the shorthand's digits, or a file's whole number) is at most MAX_POOL_GPUS."""
+    if isinstance(count, str):  # digits: int() of thousands of them is refused by Python itself
+        digits = count.lstrip("0")
+        n = int(digits) if len(digits) <= 40 else None
+    else:
+        n = count if count < 10**40 else None
+    if n is not None and n <= MAX_POOL_GPUS:
+        return
+    size = f"{n:,}" if n is not None else "more than 10^40"
+    raise SpecError(field, text, f"{size} {what} cannot all be used: meshplan models at most {MAX_POOL_GPUS:,} "
+                    f"{what} per pool")
 
 
 def _server_rate(name: str, text: str) -> float:
@@ -246,6 +274,7 @@ def _pool(p: dict, where: str, gpu_lookup) -> Pool:
         raise SpecError(f"{where}.gpu", ref, 'must be a GPU name (e.g. "h100-sxm"), a GPU profile file or an '
                         "inline [pools.gpu] table")
     n = value_of(p, "n_gpus", where, "int")
+    _check_count(f"{where}.n_gpus", n, n)
     per_node = value_of(p, "gpus_per_node", where, "int", gpu.gpus_per_node)
     if "gpus_per_node" in p and n % per_node:
         raise SpecError(f"{where}.gpus_per_node", per_node, f"must divide n_gpus = {n}: a pool is whole nodes")
@@ -278,6 +307,7 @@ def _servers(d: dict, where: str) -> tuple[int, float]:
     count, bw = d.get("count", 0), d.get("bandwidth_gb_s", 0.0)
     if not fits(count, "count"):
         raise SpecError(f"{w}.count", count, "must be a whole number of CPU machines >= 0")
+    _check_count(f"{w}.count", count, count, "CPU servers")
     if not fits(bw, "nonneg"):
         raise SpecError(f"{w}.bandwidth_gb_s", bw, "must be a bandwidth in GB/s >= 0 (0 = one NIC of the GPU's rate)")
     return count, float(bw) * 1e9
@@ -344,12 +374,17 @@ def read_plan_file(path: str | Path) -> tuple[Plan, dict]:
         raise SpecError(f"{where}.framework", refs["framework"], "must be a table of stack settings, e.g. "
                         "grad_dtype = \"bf16\" (the stack's name is plan.framework)")
     predicted = typed(refs.get("predicted", {}), f"{where}.predicted", "table")
+    check_keys(f"{where}.predicted", predicted, set(PREDICTED_KEYS))
     for k, v in predicted.items():
-        typed(v, f"{where}.predicted.{k}", "num")
+        typed(v, f"{where}.predicted.{k}", PREDICTED_KEYS[k])
     if not 0 < predicted.get("max_memory_fraction", 1.0) <= 4:
         raise SpecError(f"{where}.predicted.max_memory_fraction", predicted["max_memory_fraction"], "must be in (0, 4]")
     return plan_from_dict(d["plan"], f"{where}.plan"), refs
 
+
+PREDICTED_KEYS = {"step_time_s": "pos", "peak_memory_gib": "pos", "max_memory_fraction": "num", "switch_s": "nonneg"}
+"""The ``[predicted]`` table's keys (what ``meshplan plan --out`` and ``replan --out`` write) and each value's kind
+(``typed``): a step and a peak are positive, a switch can be free; the fraction's range is checked beside."""
 
 _PLAN_REFS = {"model": '"llama3-8b"', "gpus": '"8xh100-sxm"', "cluster": '"cluster.toml"'}
 
