@@ -11,8 +11,9 @@ from meshplan.errors import SpecError, close_matches
 from meshplan.spec.cluster import Derating, NetworkLevel
 from meshplan.spec.hardware import GPUSpec, PeakFlops
 from meshplan.spec.hf import model_from_hf
-from meshplan.spec.io import parse_gpus, read_plan_file
+from meshplan.spec.io import parse_gpus
 from meshplan.spec.model import MoESpec, decoder_model
+from meshplan.spec.plan_file import read_plan_file
 
 POOL = '[[pools]]\ngpu = "h100-sxm"\n'
 GPU = ('name = "x"\ngeneration = "hopper"\nhbm_gb = 80\nhbm_tb_s = 3.35\nnvlink_gb_s = 900\nnic_gbit_s = 400\n'

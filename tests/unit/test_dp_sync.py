@@ -146,7 +146,7 @@ def test_plan_file_keeps_the_cluster_file(tmp_path, capsys):
     import tomli_w
 
     from meshplan.cli import main
-    from meshplan.spec.io import read_plan_file
+    from meshplan.spec.plan_file import read_plan_file
 
     cfile = tmp_path / "weak.toml"
     cfile.write_text(tomli_w.dumps(WEAK))

@@ -15,7 +15,7 @@ from meshplan.report.analysis import GIB, comparisons
 from meshplan.report.layout import layout_text
 from meshplan.report.text import ascii_timeline
 from meshplan.sim import simulate
-from meshplan.spec.io import plan_file_text
+from meshplan.spec.plan_file import plan_file_text
 
 
 def test_ascii_timeline_by_hand():

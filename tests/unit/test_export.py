@@ -18,8 +18,8 @@ from meshplan.export.base import ExportError, exporters, get_exporter, render_ex
 from meshplan.export.layout import first_last_split
 from meshplan.export.megatron import layout_string, megatron_args
 from meshplan.export.torchtitan import stage_fqns
-from meshplan.spec.io import read_plan_file
 from meshplan.spec.plan import Plan
+from meshplan.spec.plan_file import read_plan_file
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 PLANS = sorted(p.stem for p in (GOLDEN / "plans").glob("*.toml"))
@@ -384,8 +384,8 @@ def test_golden_exports(name, to, fmt):
 
 def test_uneven_batch_shares_are_an_approximation_everywhere(tmp_path, capsys):
     from meshplan.cli.export import run_export
-    from meshplan.spec.io import plan_file_text
     from meshplan.spec.plan import Plan
+    from meshplan.spec.plan_file import plan_file_text
 
     plan = Plan(global_batch=24, seq_len=2048, micro_batch=1, dp=16, rank_order="tp-cp-ep-pp-dp",
                 batch_shares=(1, 2))

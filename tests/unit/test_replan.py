@@ -11,7 +11,8 @@ from meshplan import catalog
 from meshplan.cli import main
 from meshplan.errors import SpecError
 from meshplan.search.replan import ClusterChange, ReplanRequest, decide, idle_worlds, new_cluster_of
-from meshplan.spec.io import parse_gpus, read_plan_file
+from meshplan.spec.io import parse_gpus
+from meshplan.spec.plan_file import read_plan_file
 
 
 def _opt(step: float, switch: float, remaining: int) -> SimpleNamespace:

@@ -10,7 +10,7 @@ from test_report import PLAN, small_report
 from typer.testing import CliRunner
 
 from meshplan.errors import MeshplanError
-from meshplan.spec.io import plan_file_text
+from meshplan.spec.plan_file import plan_file_text
 
 
 def _app() -> typer.Typer:

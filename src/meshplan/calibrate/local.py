@@ -119,7 +119,7 @@ def invert_step(step: dict, gpu: GPUSpec, field: str, *, n_gpus: int) -> float:
     from meshplan import catalog
     from meshplan.cost.estimate import estimate
     from meshplan.spec.cluster import ClusterSpec, Pool
-    from meshplan.spec.io import plan_from_dict
+    from meshplan.spec.plan_file import plan_from_dict
 
     model, plan, measured = catalog.model(step["model"]), plan_from_dict(step["plan"]), float(step["s"])
     stack = catalog.framework_with(plan.framework, step.get("framework"))

@@ -20,8 +20,8 @@ from meshplan.cli.common import (
     wrote,
 )
 from meshplan.errors import SpecError
-from meshplan.spec.io import read_plan_file
 from meshplan.spec.plan import Plan
+from meshplan.spec.plan_file import read_plan_file
 
 # Flag name -> Plan field, named like the validation CSV's columns.
 PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "micro_batch", "global_batch", "seq_len", "recompute",

@@ -20,7 +20,7 @@ def run_export(plan_file: str, *, to: str, out: str | None = None, model_ref: st
     """Export a plan file; returns the exit status."""
     from meshplan.cli.common import output_path, resolve_framework, resolve_model, wrote
     from meshplan.export.base import get_exporter, render_export, resolve_format
-    from meshplan.spec.io import read_plan_file
+    from meshplan.spec.plan_file import read_plan_file
 
     if out is not None:
         output_path("--output", out)

@@ -125,7 +125,7 @@ def plan_of_file(plan_file: str, model: str | None, gpus: str | None, layout: di
     """(plan, model reference, cluster reference, the field that named it) of ``--plan``: the file's model and
     GPUs unless ``--model`` or ``--gpus`` is given; a layout flag given with it is refused (the file holds the
     layout)."""
-    from meshplan.spec.io import read_plan_file
+    from meshplan.spec.plan_file import read_plan_file
 
     key = next((k for k, v in layout.items() if v is not None), None)
     if key:

@@ -138,7 +138,7 @@ def run_plan(*, model_ref: str, gpus: str, cluster_file: str, request, as_json: 
     )
     from meshplan.report.search import render_text, result_json
     from meshplan.search import search
-    from meshplan.spec.io import plan_file_text
+    from meshplan.spec.plan_file import plan_file_text
 
     model = resolve_model(model_ref)
     cluster = resolve_cluster(gpus or None, cluster_file or None)

@@ -216,7 +216,7 @@ def _replan(a: ReplanArgs) -> None:
     """``meshplan replan``: the running plan's job, then either the generation phase or the cluster change."""
     from meshplan.cli.common import output_path, resolve_framework, resolve_model
     from meshplan.errors import SpecError
-    from meshplan.spec.io import read_plan_file
+    from meshplan.spec.plan_file import read_plan_file
 
     plan, refs = read_plan_file(a.from_plan)
     if a.model and refs.get("model") and a.model != refs["model"]:
@@ -330,7 +330,7 @@ def _generate(spec, cluster, plan, *, stack, engine: str, work: tuple, options: 
 def _emit(result, spec, cluster, *, as_json: bool, out: str, refs: dict, stack) -> None:
     from meshplan.cli.common import print_json, stack_changes, term_width, wrote
     from meshplan.report.replan import render_replan, replan_json
-    from meshplan.spec.io import plan_file_text
+    from meshplan.spec.plan_file import plan_file_text
 
     if as_json:
         print_json(replan_json(result, spec, cluster))

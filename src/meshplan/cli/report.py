@@ -23,7 +23,7 @@ def load_report(plan_file: str, *, model_ref: str = "", gpus: str = "", cluster_
     from meshplan.report import build_report, evaluate_variants
     from meshplan.sim import simulate
     from meshplan.sim.adapter import simulated_pipeline
-    from meshplan.spec.io import read_plan_file
+    from meshplan.spec.plan_file import read_plan_file
 
     _check_fraction("--max-memory-fraction", max_memory_fraction)
     plan, refs = read_plan_file(plan_file)

@@ -57,7 +57,7 @@ def writable_folder(flag: str, path: str) -> None:
 
 def parse_switches(texts: list[str], *, model_ref: str, check: bool, dry_run: bool) -> tuple[dict, ...]:
     """``--switch B.toml@STEP`` values as RunConfig switches; the plan file must be of the same model."""
-    from meshplan.spec.io import read_plan_file
+    from meshplan.spec.plan_file import read_plan_file
 
     out = []
     for text in texts:
@@ -192,7 +192,7 @@ def _config(a: RunArgs):
     """The run's RunConfig, its plan file's references and its world size, every flag, the plan and the model
     checked before torch is imported."""
     from meshplan.cli.common import resolve_model
-    from meshplan.spec.io import plan_from_dict, read_plan_file
+    from meshplan.spec.plan_file import plan_from_dict, read_plan_file
 
     _check_flags(steps=a.steps, nproc=a.nproc, lr=a.lr, timeout=a.timeout, wall_timeout=a.wall_timeout,
                  checkpoint=(a.checkpoint_dir, a.checkpoint_every, a.resume), out=a.out, seed=a.seed)

@@ -198,7 +198,7 @@ def _min_step(step: dict, device: torch.device, warmup: int, steps: int) -> floa
     from meshplan import catalog
     from meshplan.runtime.closed_loop import build_plan_trainer, timed_step
     from meshplan.runtime.config import RUNTIME_STACK, RunConfig
-    from meshplan.spec.io import plan_from_dict
+    from meshplan.spec.plan_file import plan_from_dict
 
     cfg = RunConfig(plan=plan_from_dict(step["plan"]), model=step["model"],
                     stack=catalog.framework_with(RUNTIME_STACK, step.get("framework")))

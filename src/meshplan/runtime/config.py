@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass, field
 
 from meshplan import catalog
 from meshplan.spec.framework import FrameworkProfile
-from meshplan.spec.io import plan_from_dict
 from meshplan.spec.plan import Plan
+from meshplan.spec.plan_file import plan_from_dict
 
 RUNTIME_STACK = "meshplan"
 """The profile of the stack this runtime is (catalog/frameworks/meshplan.toml)."""

@@ -48,8 +48,7 @@ class Slo:
 
 
 MAX_SEQ_CAP = 65_536
-"""Largest running-sequence cap a pin may ask for (engines ship 256 to 2,048; TensorRT-LLM's build tops at 4,096
-by default)."""
+"""Largest running-sequence cap a pin may ask for (engines ship 256 to 2,048)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,8 +116,7 @@ class ServeRequest:
                             f"{self.cluster.pools[0].n_gpus}x{self.cluster.pools[0].gpu.name}")
 
     def _check_pins(self, node: int) -> None:
-        """A pinned tp, pp, attn_dp or running-sequence cap must be one the search can try; refused here rather
-        than reported as "nothing fits"."""
+        """A pinned tp, pp, attn_dp or sequence cap the search cannot try is refused, not "nothing fits"."""
         if self.tp and self.tp not in (opts := tp_options(self.model, self.pool, 0)):
             raise SpecError("--tp", self.tp, f"must be one of {', '.join(map(str, opts))} for {self.model.name} on "
                             f"{node}-GPU nodes: inside a node, dividing its attention heads, its KV heads dividing "
