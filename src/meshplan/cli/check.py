@@ -229,8 +229,7 @@ def register(app: typer.Typer) -> None:
                                    "against a greedy reference."),
     ) -> None:
         """Predict and run every feasible plan of the local world; report error, rank agreement and regret."""
-        from meshplan.cli.run import positive, stops_cleanly
-        from meshplan.runtime.launch import progress
+        from meshplan.cli.run import positive
 
         given = {"--global-batch": global_batch, "--seq-len": seq_len, "--warmup": warmup, "--rounds": rounds,
                  "--stat": stat, "--micro-batches": micro_batches, "--all": True if full else None}
@@ -241,49 +240,66 @@ def register(app: typer.Typer) -> None:
             _training_only(given)
             _serve(model=model, nproc=nproc, hardware=hardware, timeout=timeout, device=device, as_json=as_json)
             return
-        if micro_batches is not None and not micro_batches.strip():
-            raise SpecError("--micro-batches", micro_batches, "comma-separated positive integers, e.g. 1,2,4 (leave "
-                            "the flag out for the sizes each layout allows)")
-        global_batch, seq_len, warmup, rounds, stat, micro_batches = (
-            TRAINING[f] if given[f] is None else given[f] for f in TRAINING)
-        for flag, value, least in (("--rounds", rounds, 1), ("--warmup", warmup, 0),
-                                   ("--global-batch", global_batch, 1), ("--seq-len", seq_len, 1)):
-            if value < least:
-                raise SpecError(flag, value, f"must be >= {least}")
-        if stat not in STATS:
-            raise SpecError("--stat", stat, f"one of {', '.join(STATS)}")
+        global_batch, seq_len, warmup, rounds, stat, micro_batches = _training_args(given)
         space = check_space(world=nproc, global_batch=global_batch, seq_len=seq_len, device=device,
                             micro_batches=micro_batches)
         if device == "cuda" and hardware is None:
             raise SpecError("--hardware", None, "a GPU check needs the GPU's profile: a catalog GPU (e.g. h200) or "
                             "a file from `meshplan calibrate --base GPU`")
-        from meshplan import catalog
-        from meshplan.runtime.host import require_torch
+        _train(model=model, space=space, hardware=hardware, full=full, rounds=(warmup, rounds), timeout=timeout,
+               stat=stat, device=device, as_json=as_json)
 
-        catalog.model(model)  # bad references fail here, before torch and before any process
-        if hardware is not None:
-            catalog.cluster(f"{nproc}x{hardware}")
-        require_torch("meshplan check")
-        plans = select_plans(model, space, full=full)
-        summary = host_check(model, plans, space, device=device)
-        progress(f"check: {len(plans)} plans of {model} on {summary}")
-        with stops_cleanly(), tempfile.TemporaryDirectory(prefix="meshplan-hw-") as tmp:
-            hw = hardware
-            if hw is None:
-                from meshplan.cli.calibrate import calibrate_to
 
-                progress(f"check: calibrating this host ({nproc} processes of micro-benchmarks)")
-                hw = str(Path(tmp) / "local.toml")
-                calibrate_to(hw, nproc=nproc, base="cpu", min_time_s=0.05)
-            progress(f"check: predicting, then timing {warmup} warm-up and {rounds} measured rounds of every plan")
-            result = run_check(model=model, space=space, hardware=hw, full=full, rounds=(warmup, rounds),
-                               timeout_s=timeout, stat=stat, device=device, plans=plans)
-        if as_json:
-            from meshplan.cli.common import print_json
+def _training_args(given: dict) -> tuple:
+    """The training check's settings (global batch, sequence length, warm-up and measured rounds, statistic,
+    micro-batch sizes): the flags given over their defaults, each checked."""
+    if given["--micro-batches"] is not None and not given["--micro-batches"].strip():
+        raise SpecError("--micro-batches", given["--micro-batches"], "comma-separated positive integers, e.g. "
+                        "1,2,4 (leave the flag out for the sizes each layout allows)")
+    global_batch, seq_len, warmup, rounds, stat, micro_batches = (
+        TRAINING[f] if given[f] is None else given[f] for f in TRAINING)
+    for flag, value, least in (("--rounds", rounds, 1), ("--warmup", warmup, 0),
+                               ("--global-batch", global_batch, 1), ("--seq-len", seq_len, 1)):
+        if value < least:
+            raise SpecError(flag, value, f"must be >= {least}")
+    if stat not in STATS:
+        raise SpecError("--stat", stat, f"one of {', '.join(STATS)}")
+    return global_batch, seq_len, warmup, rounds, stat, micro_batches
 
-            print_json(result)
-        else:
-            print_table(result)
+
+def _train(*, model: str, space, hardware: str | None, full: bool, rounds: tuple[int, int], timeout: float,
+           stat: str, device: str, as_json: bool) -> None:
+    """The training check: calibrate (unless ``hardware``), then predict, run and score the plans of ``space``."""
+    from meshplan import catalog
+    from meshplan.cli.run import stops_cleanly
+    from meshplan.runtime.host import require_torch
+    from meshplan.runtime.launch import progress
+
+    nproc = space.world
+    catalog.model(model)  # bad references fail here, before torch and before any process
+    if hardware is not None:
+        catalog.cluster(f"{nproc}x{hardware}")
+    require_torch("meshplan check")
+    plans = select_plans(model, space, full=full)
+    summary = host_check(model, plans, space, device=device)
+    progress(f"check: {len(plans)} plans of {model} on {summary}")
+    with stops_cleanly(), tempfile.TemporaryDirectory(prefix="meshplan-hw-") as tmp:
+        hw = hardware
+        if hw is None:
+            from meshplan.cli.calibrate import calibrate_to
+
+            progress(f"check: calibrating this host ({nproc} processes of micro-benchmarks)")
+            hw = str(Path(tmp) / "local.toml")
+            calibrate_to(hw, nproc=nproc, base="cpu", min_time_s=0.05)
+        progress(f"check: predicting, then timing {rounds[0]} warm-up and {rounds[1]} measured rounds of every plan")
+        result = run_check(model=model, space=space, hardware=hw, full=full, rounds=rounds, timeout_s=timeout,
+                           stat=stat, device=device, plans=plans)
+    if as_json:
+        from meshplan.cli.common import print_json
+
+        print_json(result)
+    else:
+        print_table(result)
 
 
 def _training_only(given: dict) -> None:
