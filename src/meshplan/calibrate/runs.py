@@ -339,7 +339,8 @@ def csv_path(path: str | Path) -> Path:
 
 def csv_rows(path: str | Path, check_header) -> Iterator[tuple[int, dict, str]]:
     """The data rows of a CSV as (line, row, why), every cell of the row stripped of surrounding blanks; ``why``
-    is empty, or says why the row cannot be read (more cells than the header names: the caller skips it).
+    is empty, or says why the row cannot be read (more cells than the header names, unless the last column is the
+    free-text ``notes``, which an unquoted comma splits and which takes them back: the caller skips it).
     ``check_header(fieldnames)`` refuses a header first; one naming a column twice is refused here. Read as UTF-8,
     a leading byte-order mark dropped."""
     p = csv_path(path)
@@ -356,7 +357,9 @@ def csv_rows(path: str | Path, check_header) -> Iterator[tuple[int, dict, str]]:
                 extra = row.pop(None, None)  # DictReader's restkey: cells beyond the header
                 row = {k: v.strip() if isinstance(v, str) else v for k, v in row.items()}
                 why = ""
-                if extra is not None:
+                if extra is not None and header[-1] == "notes":  # an unquoted comma in the free-text notes
+                    row["notes"] = ",".join([row.get("notes") or "", *extra]).strip()
+                elif extra is not None:
                     rid = row.get("id") or f"line {reader.line_num}"
                     why = str(SpecError(f"{rid}.cells", len(header) + len(extra), f"line {reader.line_num} has more "
                                         f"cells than the {len(header)} columns its header names (a stray comma or "

@@ -231,7 +231,8 @@ def row_context(row: dict, constants: dict) -> tuple[StepContext, ServePlan, Wor
     """A row's replica as the step model sees it (the engine sized for the workload, the source's pinned
     running-batch cap), its deployment and its workload."""
     engine = row_engine(row)
-    if (row.get("n_gpus") or "").strip() and _int(row, "n_gpus") < 1:
+    n_gpus = (row.get("n_gpus") or "").strip()
+    if n_gpus.isdigit() and int(n_gpus) < 1:  # a count the row states (other text there is the source's, unread)
         raise SpecError(f"{row['id']}.n_gpus", row["n_gpus"], "must be a whole number of GPUs >= 1")
     plan, work = row_plan(row, engine), row_workload(row)
     model, gpu = catalog.model(row["model_key"].strip()), catalog.gpu(row["gpu_key"].strip())

@@ -193,6 +193,9 @@ def model_from_dict(d: dict, where: str = "model") -> ModelSpec:
     check_keys(where, d, set(_SHORT_MODEL_KEYS), ("name", "n_layers", "hidden", "n_heads", "ffn_hidden", "vocab"))
     kw = {k: typed(v, f"{where}.{k}", _SHORT_MODEL_KEYS[k]) for k, v in d.items()}
     kw.setdefault("n_kv_heads", kw["n_heads"])
+    if not kw.get("head_dim") and kw["n_heads"] and kw["hidden"] % kw["n_heads"]:  # no head width to floor silently
+        raise SpecError(f"{where}.hidden", kw["hidden"], f"must be a multiple of n_heads = {kw['n_heads']} (or "
+                        "give head_dim)")
     if "moe" in kw:
         kw["moe"] = build(MoESpec, kw["moe"], f"{where}.moe")
     return decoder_model(**kw)

@@ -312,10 +312,7 @@ def decoder_model(*, name: str, n_layers: int, hidden: int, n_heads: int, n_kv_h
     _positive("model.n_layers", n_layers)
     _positive("model.hidden", hidden)
     _positive("attention.n_heads", n_heads)
-    head_dim = kw.pop("head_dim", 0)
-    if not head_dim and hidden % n_heads:
-        raise SpecError("model.hidden", hidden, f"must be a multiple of n_heads = {n_heads} (or give head_dim)")
-    head_dim = head_dim or hidden // n_heads
+    head_dim = kw.pop("head_dim", 0) or hidden // n_heads  # as transformers' Llama does (a file must divide)
     att = AttentionSpec(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
                         kind=kw.pop("attention_kind", "gqa"), q_lora_rank=kw.pop("q_lora_rank", 0),
                         kv_lora_rank=kw.pop("kv_lora_rank", 0), qk_rope_head_dim=kw.pop("qk_rope_head_dim", 0),
