@@ -284,13 +284,7 @@ def _train(*, model: str, space, hardware: str | None, full: bool, rounds: tuple
     summary = host_check(model, plans, space, device=device)
     progress(f"check: {len(plans)} plans of {model} on {summary}")
     with stops_cleanly(), tempfile.TemporaryDirectory(prefix="meshplan-hw-") as tmp:
-        hw = hardware
-        if hw is None:
-            from meshplan.cli.calibrate import calibrate_to
-
-            progress(f"check: calibrating this host ({nproc} processes of micro-benchmarks)")
-            hw = str(Path(tmp) / "local.toml")
-            calibrate_to(hw, nproc=nproc, base="cpu", min_time_s=0.05)
+        hw = _host_profile(hardware, nproc=nproc, tmp=tmp, what="check")
         progress(f"check: predicting, then timing {rounds[0]} warm-up and {rounds[1]} measured rounds of every plan")
         result = run_check(model=model, space=space, hardware=hw, full=full, rounds=rounds, timeout_s=timeout,
                            stat=stat, device=device, plans=plans)
@@ -300,6 +294,19 @@ def _train(*, model: str, space, hardware: str | None, full: bool, rounds: tuple
         print_json(result)
     else:
         print_table(result)
+
+
+def _host_profile(hardware: str | None, *, nproc: int, tmp: str, what: str) -> str:
+    """The hardware profile a check predicts with: ``hardware``, else this host calibrated now into ``tmp``."""
+    if hardware is not None:
+        return hardware
+    from meshplan.cli.calibrate import calibrate_to
+    from meshplan.runtime.launch import progress
+
+    progress(f"{what}: calibrating this host ({nproc} processes of micro-benchmarks)")
+    hw = str(Path(tmp) / "local.toml")
+    calibrate_to(hw, nproc=nproc, base="cpu", min_time_s=0.05)
+    return hw
 
 
 def _training_only(given: dict) -> None:
@@ -326,13 +333,7 @@ def _serve(*, model: str, nproc: int, hardware: str | None, timeout: float, devi
         catalog.cluster(f"{nproc}x{hardware}")
     require_torch("meshplan check --serve")
     with stops_cleanly(), tempfile.TemporaryDirectory(prefix="meshplan-hw-") as tmp:
-        hw = hardware
-        if hw is None:
-            from meshplan.cli.calibrate import calibrate_to
-
-            progress(f"check --serve: calibrating this host ({nproc} processes of micro-benchmarks)")
-            hw = str(Path(tmp) / "local.toml")
-            calibrate_to(hw, nproc=nproc, base="cpu", min_time_s=0.05)
+        hw = _host_profile(hardware, nproc=nproc, tmp=tmp, what="check --serve")
         progress(f"check --serve: serving the sweep of {model} on {nproc} processes")
         result = run_serve_check(model=model, nproc=nproc, hardware=hw, timeout_s=timeout)
     if as_json:
