@@ -134,9 +134,9 @@ class EngineProfile:
     (``vllm bench serve`` / ``sglang.bench_serving`` with ``--num-prompts`` = this x ``--max-concurrency``:
     meshplan's bench.sh, and InferenceX's harness)."""
     client_warm: bool = False
-    """The benchmark reports a steady state, the run's start discarded (perf_analyzer under genai-perf measures
-    time windows until three in a row agree within 10 %), so the first requests, which start together, do not
-    count."""
+    """The benchmark reports a steady state, the run's start discarded (a warm-up, or time windows long enough
+    for it not to weigh), so the first requests, which start together, do not count. The profile's source says
+    why: genai-perf's own defaults read three windows from the start (``--stability-percentage 999``)."""
     reports: str = "mean"
     """The statistic a harness profile's published latencies are: ``mean`` or ``median`` (over requests for
     TTFT, TPOT and end-to-end latency, over streamed gaps for ITL)."""
