@@ -171,3 +171,23 @@ def test_virtual_stages_from_the_row(vpp, rid, notes, want):
     row = {"id": rid, "model": "", "global_batch": "256", "seq_len": "4096", "tp": "8", "pp": "8", "dp": "8",
            "vpp": vpp, "notes": notes, "gpus_per_node": "8"}
     assert row_plan(row, catalog.framework("megatron-core")).vpp == want
+
+
+@pytest.mark.parametrize("stack, recompute, want", [
+    ("fms-fsdp", "selective", "full"),  # fms-fsdp's selective_checkpointing wraps whole blocks
+    ("llm-foundry", "selective", "full"),  # Composer's activation_checkpointing_target: whole modules
+    ("megatron-core", "selective", "selective"),  # a stack with a selective mode keeps it
+    ("fms-fsdp", "none", "none"),
+])
+def test_selective_on_a_stack_without_it_is_whole_block_checkpointing(runs_csv, stack, recompute, want):
+    """A published run on fms-fsdp or Composer that says "selective" is predicted (as full recompute, noted), not
+    skipped: those stacks' own selective checkpointing recomputes whole blocks."""
+    import csv
+
+    from meshplan.calibrate.runs import row_to_run
+
+    with open(runs_csv, newline="") as f:
+        row = next(r for r in csv.DictReader(f) if r["id"] == "tt2412-t1-8b-fsdp-8g")
+    run = row_to_run({**row, "framework": stack, "framework_version": "", "recompute": recompute})
+    assert run.plan.recompute == want
+    assert ("read as full" in run.profile_note) == (want != recompute)

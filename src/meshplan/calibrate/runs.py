@@ -227,6 +227,16 @@ def apply_recipe(recipe: Recipe, model: ModelSpec, plan: Plan,
     return plan, profile
 
 
+def whole_block_selective(plan: Plan, stack: FrameworkProfile, note: str) -> tuple[Plan, str]:
+    """A run on a stack with no selective mode that calls its recompute "selective" names the stack's own
+    selective checkpointing, which wraps whole blocks (fms-fsdp ``selective_checkpointing``, Composer
+    ``activation_checkpointing_target``; their ``recompute_modes`` sources): read as full recompute, noted."""
+    if plan.recompute != "selective" or "selective" in stack.recompute_modes or "full" not in stack.recompute_modes:
+        return plan, note
+    why = f"; recompute=selective read as full ({stack.name} checkpoints whole blocks)"
+    return plan.with_(recompute="full"), note + why
+
+
 def infer_recompute(row: dict, model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> Plan:
     """Fill an unknown recompute mode: a FLOP convention that counts a recompute forward says full recompute
     (the source measured it that way); otherwise the framework default, none."""
@@ -294,6 +304,7 @@ def _row_to_run(row: dict, rid: str) -> Run:
         raise SpecError(f"{rid}.{missing[0]}", row.get(missing[0]) or "", f"is empty: a required column{others}")
     profile, note, recipes = row_profile(row)
     model, cluster, plan = row_model(row), row_cluster(row), row_plan(row, profile)
+    plan, note = whole_block_selective(plan, profile, note)
     bad = plan_violations(model, cluster, plan)
     if not bad:
         plan = infer_recompute(row, model, cluster, plan)
