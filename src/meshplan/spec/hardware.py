@@ -15,7 +15,7 @@ weight-only weights (AWQ / GPTQ packing: eight 4-bit weights per int32, per grou
 packed 4-bit zero, 4 + 20/128 bits; AutoAWQ WQLinear, GPTQ QuantLinear)."""
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
-GENERATIONS = ("volta", "ampere", "ada", "hopper", "blackwell", "cdna3", "cdna4", "tpu", "cpu")
+GENERATIONS = ("volta", "ampere", "ada", "hopper", "blackwell", "cdna2", "cdna3", "cdna4", "gaudi", "tpu", "cpu")
 GB = 1e9
 GiB = 2**30
 
