@@ -54,7 +54,20 @@ def test_the_mean_iteration_sits_between_decode_only_and_mixed():
     assert st.chunk == 1000 and st.share == pytest.approx(64 / 1000)  # one prompt per mixed iteration
     assert st.t_decode < st.iteration < st.t_mixed
     t_d, t_p, cycle, tpot = steady_state(ctx, work, 64)
-    assert tpot == st.iteration and t_p == st.first and cycle == pytest.approx(1000 * st.iteration)
+    # A decoding request waits on the 63 other prompts of its cycle, not on its own (prefilled before it decodes)
+    assert tpot == pytest.approx(st.t_decode + 63 / 64 * (st.iteration - st.t_decode))
+    assert t_p == st.first and cycle == pytest.approx(1000 * st.iteration)
+
+
+def test_a_single_client_decodes_without_prefill_stalls():
+    """One client: its next prompt comes after its last token, so no chunk shares its decode steps (the replay of
+    the same run agrees); the cycle still carries the prompt's iterations."""
+    ctx = _ctx()
+    work = Workload(input_len=20000, output_len=100, concurrency=1)
+    st = chunked_state(ctx, work, resident=1)
+    t_d, t_p, cycle, tpot = steady_state(ctx, work, 1)
+    assert tpot == st.t_decode < st.iteration
+    assert cycle == pytest.approx(100 * st.iteration)
 
 
 def test_an_engine_that_does_not_mix_runs_prefill_steps_of_their_own():

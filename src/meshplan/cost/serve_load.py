@@ -176,8 +176,15 @@ def steady_state(ctx: StepContext, work: Workload, resident: int) -> tuple[float
 
 def _chunked_steady(st, work: Workload, resident: int) -> tuple[float, float, float, float]:
     """``steady_state``'s four figures from a chunked steady state: the resident set cycles at the pace of its
-    decoding part."""
-    return st.t_decode, st.first, resident * work.output_len * st.iteration / st.decoding, st.iteration
+    decoding part; a decoding request's tokens wait on the chunks of the other requests' prompts, not on its own,
+    which was prefilled before it decodes (``others``; as ``steady_state``'s (R - 1) prompts per cycle)."""
+    cycle = resident * work.output_len * st.iteration / st.decoding
+    return st.t_decode, st.first, cycle, st.t_decode + others(resident) * (st.iteration - st.t_decode)
+
+
+def others(resident: int) -> float:
+    """Share of a cycle's prompts that are not the decoding request's own: (R - 1) / R of the R prefilled."""
+    return (resident - 1) / resident if resident > 1 else 0.0
 
 
 def resident_under_load(ctx: StepContext, work: Workload, replicas: int, open_loop) -> tuple[int, int, str]:
@@ -200,7 +207,7 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
         st = chunked_state(ctx, work, resident)
         t_d, t_p, cycle, tpot = _chunked_steady(st, work, resident)
         # A queue of waiting prompts drains ``st.prompts`` per iteration: every one that fits the room joins it
-        k, (stall, share) = st.prompts, ((st.t_mixed - st.t_decode, st.share) if resident > 1 else (0.0, 0.0))
+        k, (stall, share) = st.prompts, (st.t_mixed - st.t_decode, st.share * others(resident))
         firsts = prompt_firsts(ctx, work, st) if len(work.bins("input")) > 1 else ()
     else:
         t_d, t_p, cycle, tpot = steady_state(ctx, work, resident)
