@@ -31,9 +31,29 @@ def row(**kw):
     ("2.5 req/s", "", {"rate": 2.5}),
     ("", "online, request rate 8/s, 2400 prompts", {"rate": 8.0}),
     ("", "offline (request rate inf), 5000 prompts", {}),
+    # spellings other sources use
+    ("64 (closed loop)", "", {"concurrency": 64}),
+    ("64.0", "", {"concurrency": 64}),
+    ("10 req/s (Poisson)", "", {"rate": 10.0}),
+    ("qps=4", "", {"rate": 4.0}),
+    ("rate 4/s", "", {"rate": 4.0}),
+    ("unlimited", "", {}),
+    ("", "QPS 4, Poisson arrivals", {"rate": 4.0}),
+    ("", "vllm bench serve --request-rate 4", {"rate": 4.0}),
+    ("", "Poisson arrivals at 2.5 requests per second", {"rate": 2.5}),
 ])
 def test_row_load(conc, notes, load):
     assert row_load(row(concurrency=conc, notes=notes)) == load
+
+
+@pytest.mark.parametrize("text, name", [
+    ("FP8", "fp8"), ("FP8 (W8A8)", "fp8"), ("fp8_e4m3", "fp8"), ("bfloat16", "bf16"), ("BF16 (mixed)", "bf16"),
+    ("float16", "fp16"), ("half", "fp16"), ("NVFP4", "nvfp4"), ("int4 (AWQ)", "int4"),
+])
+def test_precision_spellings(text, name):
+    from meshplan.spec.plan import precision_name
+
+    assert precision_name(text) == name
 
 
 def test_row_load_without_a_rate_names_the_field():

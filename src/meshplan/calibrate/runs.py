@@ -24,7 +24,7 @@ from meshplan.spec.checks import plan_violations, stack_violations
 from meshplan.spec.cluster import ClusterSpec, Pool
 from meshplan.spec.framework import BEHAVIOUR_FIELDS, FrameworkProfile
 from meshplan.spec.model import BlockSpec, ModelSpec, MoESpec, decoder_model
-from meshplan.spec.plan import Plan
+from meshplan.spec.plan import Plan, precision_name
 from meshplan.spec.recipe import Recipe
 
 REQUIRED = ("id", "arch", "n_layers", "hidden", "ffn_hidden", "n_heads", "vocab", "seq_len", "global_batch", "gpu",
@@ -179,7 +179,7 @@ def row_plan(row: dict, stack: FrameworkProfile) -> Plan:
                 cp=_int(row, "cp", 1), pp=_int(row, "pp"), vpp=_vpp(row), dp=_int(row, "dp"),
                 zero=_int(row, "zero", 0), dp_shard=_dp_shard(row), ep=_int(row, "ep", 1),
                 recompute=row.get("recompute") or "none",
-                precision=row.get("precision") or "bf16", framework=stack.name)
+                precision=precision_name(row.get("precision") or "") or "bf16", framework=stack.name)
 
 
 def row_facts(row: dict, profile: FrameworkProfile) -> dict:
@@ -192,7 +192,8 @@ def row_facts(row: dict, profile: FrameworkProfile) -> dict:
             "source": (row.get("source") or "").lower(),
             "model": (row.get("model") or "").lower().replace("-", ""), "gpu": (row.get("gpu") or "").lower(),
             "pp": _int(row, "pp"), "vpp": _vpp(row), "ep": _int(row, "ep", 1),
-            "precision": row.get("precision") or "bf16", "recompute": (row.get("recompute") or "").strip(),
+            "precision": precision_name(row.get("precision") or "") or "bf16",
+            "recompute": (row.get("recompute") or "").strip(),
             "text": ((row.get("id") or "") + " " + src).lower()}
 
 

@@ -21,6 +21,7 @@ from meshplan.errors import MeshplanError, SpecError
 from meshplan.sim.serve_run import benchmark_run
 from meshplan.spec.engine import EngineProfile
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.plan import precision_name
 from meshplan.spec.serving import Scenario, ServePlan, Workload
 
 REQUIRED = ("id", "model_key", "gpu_key", "tp", "precision", "framework", "input_len", "output_len", "concurrency",
@@ -28,7 +29,7 @@ REQUIRED = ("id", "model_key", "gpu_key", "tp", "precision", "framework", "input
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_s", "output_tokens_per_s", "total_tokens_per_s",
            "requests_per_s", "tokens_per_s_per_gpu")
 """The metrics of INFERENCE.md's ``metric`` column."""
-OFFLINE = ("max", "offline", "inf")
+OFFLINE = ("max", "offline", "inf", "unlimited", "∞")
 """``concurrency`` values that mean an offline run (every request queued at once)."""
 
 
@@ -116,9 +117,13 @@ def _int(row: dict, key: str, default: int = 1) -> int:
                         f"({', '.join(catalog.dataset_names())})") from None
 
 
-RATE_UNIT = re.compile(r"^(\d+(?:\.\d+)?)\s*(?:qps|rps|req/s|requests/s|/s)$")
-"""An open-loop rate in the ``concurrency`` column: ``4 qps``, ``4 req/s``."""
-NOTES_RATE = re.compile(r"request rate (\d+(?:\.\d+)?|inf)\b|(\d+(?:\.\d+)?)\s*(?:qps|req/s|requests/s)\b")
+RATE_UNIT = re.compile(r"^(\d+(?:\.\d+)?)\s*(?:qps|rps|req/s|reqs/s|requests/s|requests per second|/s)$"
+                       r"|^(?:qps|rps|rate|request rate)\s*[=:]?\s*(\d+(?:\.\d+)?)(?:\s*/s)?$")
+"""An open-loop rate in the ``concurrency`` column: ``4 qps``, ``4 req/s``, ``qps=4`` (a parenthesised detail,
+"(Poisson)", dropped first)."""
+NOTES_RATE = re.compile(r"request[- _]rate[\s:=]*(\d+(?:\.\d+)?|inf)\b"
+                        r"|(\d+(?:\.\d+)?)\s*(?:qps|req/s|reqs/s|requests/s|requests per second)\b"
+                        r"|\bqps[\s:=]*(\d+(?:\.\d+)?)\b")
 """Where ``concurrency`` is empty, INFERENCE.md puts an open loop's rate in ``notes`` ("request rate 4/s")."""
 
 
@@ -151,15 +156,16 @@ def row_load(row: dict) -> dict:
     conc = (row.get("concurrency") or "").strip().lower()
     if conc.startswith(OFFLINE) or conc.startswith(SCENARIOS):
         return {}
-    if conc.isdigit():
-        return {"concurrency": int(conc)}
-    unit = RATE_UNIT.match(conc)
+    bare = conc.split("(", 1)[0].strip()  # "64 (closed loop)", "4 req/s (Poisson)"
+    if bare.isdigit() or re.fullmatch(r"\d+\.0+", bare):
+        return {"concurrency": int(float(bare))}
+    unit = RATE_UNIT.match(bare)
     if unit:
-        return {"rate": float(unit.group(1))}
+        return {"rate": float(unit.group(1) or unit.group(2))}
     if not conc:
         said = NOTES_RATE.search((row.get("notes") or "").lower())
         if said:
-            rate = said.group(1) or said.group(2)
+            rate = next(g for g in said.groups() if g)
             return {} if rate == "inf" else {"rate": float(rate)}
     raise SpecError(f"{row['id']}.concurrency", conc, "must be a number of clients, a rate such as '4 qps', or "
                     "an offline run ('max', 'offline'); an empty one needs the rate in the notes")
@@ -187,7 +193,7 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
     group (``ep`` a multiple of ``tp``) mean attention data parallelism over them (vLLM's ``--data-parallel-size``
     with ``--enable-expert-parallel``, SGLang's ``--enable-dp-attention``): ``ep / tp`` attention groups per
     replica, the replicas being the row's GPUs over theirs."""
-    prec = row["precision"].strip().lower()
+    prec = precision_name(row["precision"])
     prec = PRECISION_NAMES.get(prec, prec)
     kv = "fp8" if prec in ("fp8", "fp4") and engine.fp8_kv else ("fp16" if prec == "fp16" else "bf16")
     tp, pp, ep, dp = _int(row, "tp"), _int(row, "pp"), _int(row, "ep"), _int(row, "dp")

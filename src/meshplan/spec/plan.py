@@ -13,6 +13,16 @@ from meshplan.spec.schedules import check_schedule_name
 
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+PRECISION_SPELLINGS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
+                       "float8": "fp8", "fp8_e4m3": "fp8", "fp8-e4m3": "fp8", "e4m3": "fp8", "fp8_e4m3fn": "fp8"}
+"""How sources spell the precisions (torch dtype names, the fp8 format's), by this vocabulary's names."""
+
+
+def precision_name(text: str) -> str:
+    """A source's precision in this vocabulary: lower case, a parenthesised detail dropped ("FP8 (W8A8)" is fp8,
+    "BF16 (mixed)" bf16), torch's and the fp8 format's spellings mapped (``PRECISION_SPELLINGS``)."""
+    low = text.strip().lower().split("(", 1)[0].strip()
+    return PRECISION_SPELLINGS.get(low, low)
 CP_KINDS = ("ring", "a2a")
 DP_SYNCS = ("allreduce", "reduce_scatter", "ps")
 """How data-parallel replicas synchronise gradients (``meshplan.cost.dp_sync`` prices each)."""
