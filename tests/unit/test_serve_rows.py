@@ -113,3 +113,17 @@ def test_a_harness_that_publishes_medians_is_read_at_the_median():
     assert reported(pred, "ttft_ms", eng) == pytest.approx(1e3 * quantile(pred, "ttft", 0.5))
     assert reported(pred, "output_tokens_per_s", eng) == pred.metric("output_tokens_per_s")
     assert reported(pred, "itl_ms", catalog.engine("nim-1.8")) == pred.metric("itl_ms")
+
+
+def test_an_unstated_tp_is_what_the_gpus_leave_over_pp_and_dp():
+    from meshplan.calibrate.serve_validate import row_plan
+
+    engine = catalog.engine("vllm")
+    base = {"id": "r", "precision": "bf16", "tp": "", "pp": "1", "dp": "2", "ep": "", "n_gpus": "8"}
+    assert row_plan(base, engine).tp == 4
+    assert row_plan(base | {"n_gpus": ""}, engine).tp == 1  # nothing to infer from
+    assert row_plan(base | {"tp": "2"}, engine).tp == 2  # a stated tp is kept
+
+
+def test_catalog_names_are_read_in_any_case():
+    assert catalog.gpu("H100-SXM").name == "h100-sxm" and catalog.model("Qwen3-32B") == catalog.model("qwen3-32b")

@@ -196,7 +196,7 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
     prec = precision_name(row["precision"])
     prec = PRECISION_NAMES.get(prec, prec)
     kv = "fp8" if prec in ("fp8", "fp4") and engine.fp8_kv else ("fp16" if prec == "fp16" else "bf16")
-    tp, pp, ep, dp = _int(row, "tp"), _int(row, "pp"), _int(row, "ep"), _int(row, "dp")
+    tp, pp, ep, dp = _int(row, "tp", _unstated_tp(row)), _int(row, "pp"), _int(row, "ep"), _int(row, "dp")
     for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("dp", dp)):
         if value < 1:
             raise SpecError(f"{row['id']}.{name}", row[name].strip(), "must be a whole number >= 1 (empty: 1)")
@@ -215,6 +215,15 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
         value = row["precision"].strip() if name == "precision" else exc.value
         context = f" (ep={ep} over tp={tp}: ep / tp attention groups)" if name == "attn_dp" else ""
         raise SpecError(f"{row['id']}.{name}", value, exc.expected + context, exc.suggestions) from None
+
+
+def _unstated_tp(row: dict) -> int:
+    """The TP degree of a row that leaves ``tp`` empty but states its GPUs: what they leave over pp x dp (one GPU
+    per replica stage would not hold what needed the rest), else 1."""
+    n_gpus, rest = (row.get("n_gpus") or "").strip(), _int(row, "pp") * _int(row, "dp")
+    if n_gpus.isdigit() and rest >= 1 and int(n_gpus) % rest == 0:
+        return max(int(n_gpus) // rest, 1)
+    return 1
 
 
 def check_experts(row: dict, model: ModelSpec, plan: ServePlan, engine: EngineProfile) -> None:

@@ -61,6 +61,8 @@ def _looks_like_path(ref: str) -> bool:
 def _entry(kind: str, label: str, ref: str) -> dict:
     """The catalog entry ``ref`` of ``kind``, or a one-line error naming the close matches."""
     cat = _catalog(kind)
+    if ref not in cat and ref.strip().lower() in cat:  # names are lower case: "H100-SXM" is h100-sxm
+        ref = ref.strip().lower()
     if ref not in cat:
         raise unknown_name(label, ref, cat)
     return cat[ref]
