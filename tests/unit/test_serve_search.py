@@ -16,12 +16,12 @@ from meshplan import catalog
 from meshplan.calibrate.serve_constants import load_constants
 from meshplan.cost.comm import collective_time
 from meshplan.cost.serve_disagg import kv_transfer_time, predict_disagg
+from meshplan.cost.serve_kernels import engine_small_kernels, experts_touched
 from meshplan.cost.serve_load import ServePrediction, predict_load
 from meshplan.cost.serve_step import (
     allreduce_time,
     decode_breakdown,
     decode_time,
-    experts_touched,
     step_context,
 )
 from meshplan.cost.serve_tail import quantile, wait_quantile
@@ -115,13 +115,15 @@ def test_decode_breakdown_sums_to_the_step():
         ctx = _ctx(plan)
         parts = decode_breakdown(ctx, batch=batch, context=1500)
         assert sum(parts.values()) == pytest.approx(decode_time(ctx, batch=batch, context=1500), rel=1e-9)
-    # Above the largest CUDA graph the launches are asynchronous: a 70B layer's kernels outlast them, while a small
-    # model's batch of one waits on the host issuing them one by one
+    # Above the largest CUDA graph the launches are asynchronous: a 70B layer's kernels outlast them
     assert decode_breakdown(_ctx(ServePlan(tp=4)), batch=700, context=1500)["launches"] == 0.0
+    # A small model's batch of one: every kernel takes at least the launch floor, its norms, activation, adds and
+    # RoPE included (engine_small_kernels), so the eager launches, one floor each, no longer outlast them
     eager = replace(catalog.engine("vllm"), cuda_graph_max_batch=0)
     small = step_context(catalog.model("small-llama"), H100X8.pools[0], ServePlan(tp=1), eager, CONSTS)
     parts = decode_breakdown(small, batch=1, context=100)
-    assert parts["launches"] > 0
+    floor = small.model.n_layers * engine_small_kernels(small.model.blocks[0].layer) * small.calib.launch_s
+    assert parts["elementwise"] == pytest.approx(floor) and parts["launches"] == 0.0
     assert sum(parts.values()) == pytest.approx(decode_time(small, batch=1, context=100), rel=1e-9)
 
 
@@ -348,3 +350,16 @@ def test_the_winner_says_how_much_poisson_load_it_holds_within_the_slos():
     assert quantile(cap.prediction, "tpot", 0.9) <= 0.04 and quantile(cap.prediction, "ttft", 0.9) <= 1.0
     free = explain(search(_request(slo=Slo())))
     assert not any(s.startswith("under Poisson arrivals") for s in free.limits)
+
+
+def test_a_moe_layer_launches_its_router_besides_the_small_kernels():
+    """Fused norms (2), activation, residual adds (2) and RoPE (2), plus top-k, block alignment and the expert sum:
+    at a batch of one a DeepSeek-V3 layer's small kernels take ten launch floors, however few their bytes."""
+    dsv3 = catalog.model("deepseek-v3")
+    moe = next(b.layer for b in dsv3.blocks if b.layer.moe)
+    dense = catalog.model("llama3.1-8b").blocks[0].layer
+    assert (engine_small_kernels(moe), engine_small_kernels(dense)) == (10, 7)
+    ctx = step_context(dsv3, catalog.cluster("8xh200").pools[0], ServePlan(tp=8, ep=8, precision="fp8"),
+                       catalog.engine("sglang"), CONSTS)
+    parts = decode_breakdown(ctx, batch=1, context=1000)
+    assert parts["elementwise"] >= 61 * 7 * ctx.calib.launch_s

@@ -164,9 +164,15 @@ def op_count(layer: LayerSpec, gemms: list[Gemm], *, fused: bool, fp8: bool = Fa
     n = sum(g.count for g in gemms) + (1 if layer.attention is not None else 0)
     if fp8:
         n += sum(g.count for g in gemms if g.linear)
+    return n + small_kernels(layer, fused=fused)
+
+
+def small_kernels(layer: LayerSpec, *, fused: bool) -> int:
+    """Kernels of one layer's norms, activation, residual adds and RoPE (``op_count``): fused, one each (two
+    norms, one activation, two adds, RoPE on q and k); eager, their decompositions."""
     if fused:
-        return n + 2 + 1 + 2 + (2 if layer.attention is not None else 0)
-    return n + 2 * 6 + 2 + 2 + (8 if layer.attention is not None else 0)
+        return 2 + 1 + 2 + (2 if layer.attention is not None else 0)
+    return 2 * 6 + 2 + 2 + (8 if layer.attention is not None else 0)
 
 
 def layer_ops(layer: LayerSpec, *, tokens: int, plan: Plan, stack: FrameworkProfile, seq: int = 0,

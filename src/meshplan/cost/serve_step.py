@@ -20,27 +20,15 @@ from meshplan.cost.comm import collective_time, plan_links
 from meshplan.cost.compute import attention_time, gemm_time, memory_time
 from meshplan.cost.ops import Gemm, layer_ops, op_count
 from meshplan.cost.serve_adp import ATTENTION_GEMMS, gathered_ffn_time, group_tokens, probes
+from meshplan.cost.serve_kernels import engine_small_kernels, kernels, step_gemms
 from meshplan.cost.serve_memory import activation_element_bytes, kv_bytes_per_token, kv_shard, stage_blocks
 from meshplan.errors import SpecError
 from meshplan.spec.calibration import Calibration
 from meshplan.spec.cluster import Pool
 from meshplan.spec.engine import EngineProfile
-from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import BlockSpec, LayerSpec, ModelSpec
 from meshplan.spec.plan import Plan
 from meshplan.spec.serving import ServePlan
-
-SERVING_KERNELS = FrameworkProfile(name="serving-kernels", fused_kernels=True, flash_attention=True)
-"""Engines run fused kernels and flash/paged attention (FlashAttention, FlashInfer, TRT-LLM XQA)."""
-
-
-def kernels(engine: EngineProfile) -> FrameworkProfile:
-    """The kernels an engine runs: its ``kernel_stack`` profile (the runtime's eager ops), else fused ones."""
-    if not engine.kernel_stack:
-        return SERVING_KERNELS
-    from meshplan import catalog
-
-    return catalog.framework(engine.kernel_stack)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,32 +165,6 @@ def allreduce_time(ctx: StepContext, nbytes: float) -> float:
     return collective_time("all_reduce", nbytes, size=tp, link=link, calib=ctx.calib) + ctx.allreduce_s
 
 
-def experts_touched(n_local: int, n_experts: int, top_k: int, tokens: int) -> float:
-    """Local experts that receive at least one of ``tokens`` tokens under uniform top-k routing:
-    n_local (1 - (1 - k/E)^T) (each expert is missed by a token with probability 1 - k/E); a decode step reads
-    only these experts' weights."""
-    return n_local * (1.0 - (1.0 - top_k / n_experts) ** max(tokens, 0))
-
-
-def _step_gemms(ctx: StepContext, layer: LayerSpec, gemms: list[Gemm], tokens: int) -> list[Gemm]:
-    """The layer's GEMMs with routed experts cut to those a step of ``tokens`` tokens touches (their rows
-    spread over them), so a small decode batch reads a few experts, not all. Engines with fused kernels run each
-    expert GEMM of a layer as one kernel over every expert (vLLM and SGLang ``fused_moe`` Triton kernels,
-    TensorRT-LLM's MoE plugin), so its launch floor is one kernel, not one per expert."""
-    moe = layer.moe
-    if moe is None:
-        return gemms
-    fused = kernels(ctx.engine).fused_kernels
-    out = []
-    for g in gemms:
-        if g.name.startswith("expert_") and g.count > 1:
-            hit = max(experts_touched(g.count, moe.n_experts, moe.top_k, tokens), 1.0)
-            rows = max(int(round(g.m * g.count / hit)), 1)
-            g = replace(g, m=rows, count=max(int(round(hit)), 1), launches=1 if fused else 0)
-        out.append(g)
-    return out
-
-
 PARTS = ("gemm", "attention", "elementwise", "allreduce", "dispatch")
 """What one layer's time splits into (``layer_parts``)."""
 
@@ -227,8 +189,12 @@ def layer_parts(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv
     gpu, calib = ctx.pool.gpu, ctx.calib
     parts = dict.fromkeys(PARTS, 0.0)
     parts["gemm"] = sum(gemm_time(g, gpu=gpu, calib=calib, dtype=dtype)
-                        for g in _step_gemms(ctx, layer, gemms, tokens))
-    parts["elementwise"] = memory_time(ops.elementwise_bytes, gpu=gpu, calib=calib)
+                        for g in step_gemms(ctx.engine, layer, gemms, tokens))
+    # Each norm, activation, residual and RoPE kernel (and a MoE layer's router: top-k, block alignment and the
+    # sum of its experts' outputs, vllm fused_moe.py) of a GPU engine takes at least a kernel's floor, however few
+    # its bytes (the runtime's own eager decoder pays its ops as host dispatch instead, below)
+    small = 0 if ctx.engine.kernel_stack else engine_small_kernels(layer)
+    parts["elementwise"] = max(memory_time(ops.elementwise_bytes, gpu=gpu, calib=calib), small * calib.launch_s)
     if kv_tokens:
         kv = (kv_tokens / ctx.plan.attn_dp) * kv_bytes_per_token(layer, ctx.plan.kv_bytes) / kv_shard(layer,
                                                                                                      ctx.plan.tp)
