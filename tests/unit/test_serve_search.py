@@ -363,3 +363,21 @@ def test_a_moe_layer_launches_its_router_besides_the_small_kernels():
                        catalog.engine("sglang"), CONSTS)
     parts = decode_breakdown(ctx, batch=1, context=1000)
     assert parts["elementwise"] >= 61 * 7 * ctx.calib.launch_s
+
+
+def test_few_tokens_ride_a_swapped_tile_so_a_low_compute_gpu_still_decodes_at_its_bandwidth():
+    """H20 has H100's memory system and a seventh of its tensor rate: a decode batch of up to 16 tokens pads to 16
+    rows (vLLM's swap-AB tiles), not to the training fit's ~100, so one client's step reads the weights at the
+    HBM rate and fp8 weights halve it."""
+    from meshplan.cost.compute import shape_eff, swapped_rows
+
+    calib = step_context(LLAMA70, H100X8.pools[0], ServePlan(tp=8), catalog.engine("vllm"), CONSTS).calib
+    assert [swapped_rows(m) for m in (1, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
+    assert shape_eff(8, 1e9, 1e9, calib, few_rows=True) == pytest.approx(0.5, rel=1e-6)
+    assert shape_eff(200, 1e9, 1e9, calib, few_rows=True) == shape_eff(200, 1e9, 1e9, calib)  # the fit above 64
+    pool = catalog.cluster("1xh20").pools[0]
+    qwen = catalog.model("qwen3-32b")
+    t = {p: decode_time(step_context(qwen, pool, ServePlan(tp=1, precision=p), catalog.engine("vllm"), CONSTS),
+                        batch=1, context=1000) for p in ("bf16", "fp8")}
+    weights = 2 * 32.8e9 / (pool.gpu.hbm_bandwidth * CONSTS["decode_mem_eff"]["hopper"])  # 32.8B (model card)
+    assert t["bf16"] == pytest.approx(weights, rel=0.25) and t["fp8"] == pytest.approx(t["bf16"] / 2, rel=0.25)

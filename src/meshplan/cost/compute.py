@@ -9,16 +9,29 @@ from meshplan.spec.calibration import Calibration
 from meshplan.spec.hardware import DTYPE_BYTES, GPUSpec
 
 
-def shape_eff(m: float, n: float, k: float, calib: Calibration, *, rate: float = 1.0) -> float:
+def shape_eff(m: float, n: float, k: float, calib: Calibration, *, rate: float = 1.0,
+              few_rows: bool = False) -> float:
     """Efficiency loss of small GEMMs: each dim d contributes d / (d + n_half) (tile quantization and
     pipeline fill; a saturating fit to cuBLAS shape sweeps). Large dims give 1. A low-precision tile's main loop
     runs ``rate`` times the 16-bit speed (2 for fp8, 4 for fp4) while its prologue, epilogue and wave tail take
-    the same time, so the fixed part weighs ``rate`` times: fp8's efficiency halves at 2 n_half."""
+    the same time, so the fixed part weighs ``rate`` times: fp8's efficiency halves at 2 n_half. ``few_rows``: a
+    serving engine's kernels, whose few token rows ride the narrow side of a swapped tile (``swapped_rows``)."""
     half = calib.n_half * rate
-    e = 1.0
-    for d in (m, n, k):
+    e = max(m / (m + half), m / swapped_rows(m)) if few_rows and m <= SWAP_AB_ROWS else m / (m + half)
+    for d in (n, k):
         e *= d / (d + half)
     return e
+
+
+SWAP_AB_ROWS = 64
+"""Token rows up to which an inference GEMM swaps its operands so the tokens ride the tile's narrow side (vllm
+csrc/quantization/cutlass_w8a8/c3x/scaled_mm_sm90_fp8_dispatch.cuh: 'enable swap AB for M < 64', tiles 64x16
+for M <= 16, 64x32 and 64x64 above)."""
+
+
+def swapped_rows(m: float) -> int:
+    """Rows ``m`` tokens pad to on the narrow side of a swapped tile: 16, 32 or 64."""
+    return 16 if m <= 16 else 32 if m <= 32 else 64
 
 
 LOW_PRECISION = {"fp8": ("fp8", 2.0), "fp4": ("fp4", 4.0), "int4": ("bf16", 1.0)}
@@ -27,7 +40,7 @@ bits). fp8 / fp4 recipes quantize weights and activations (TE, ModelOpt); int4 i
 16-bit MMAs (Marlin, AWQ kernels). Other GEMMs (attention BMMs) stay 16-bit."""
 
 
-def gemm_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float:
+def gemm_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration, dtype: str, few_rows: bool = False) -> float:
     """Seconds for one GEMM (all copies): max of compute roofline and memory roofline (Williams et al. 2009),
     and at least one kernel launch per copy. A low-precision format applies to weight GEMMs only; int4's
     weights are read at its packed width, its activations at 16 bits."""
@@ -35,7 +48,8 @@ def gemm_time(g: Gemm, *, gpu: GPUSpec, calib: Calibration, dtype: str) -> float
     if dtype in LOW_PRECISION:
         use, rate = LOW_PRECISION[dtype] if g.linear else ("bf16", 1.0)
     peak = gpu.peak_flops(use)
-    eff = (calib.fp8_eff if rate > 1 else calib.gemm_eff) * shape_eff(g.m, g.n, g.k, calib, rate=rate)
+    eff = (calib.fp8_eff if rate > 1 else calib.gemm_eff) * shape_eff(g.m, g.n, g.k, calib, rate=rate,
+                                                                       few_rows=few_rows)
     if g.grouped:
         eff *= calib.moe_eff
     t_compute = g.flops / (peak * eff)

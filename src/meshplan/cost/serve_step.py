@@ -188,7 +188,8 @@ def layer_parts(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv
     dtype = ctx.plan.precision if ctx.plan.precision in ("fp4", "int4") else attn_plan.precision
     gpu, calib = ctx.pool.gpu, ctx.calib
     parts = dict.fromkeys(PARTS, 0.0)
-    parts["gemm"] = sum(gemm_time(g, gpu=gpu, calib=calib, dtype=dtype)
+    swaps = not ctx.engine.kernel_stack  # a GPU engine's kernels (the runtime's own decoder runs torch's matmuls)
+    parts["gemm"] = sum(gemm_time(g, gpu=gpu, calib=calib, dtype=dtype, few_rows=swaps)
                         for g in step_gemms(ctx.engine, layer, gemms, tokens))
     # Each norm, activation, residual and RoPE kernel (and a MoE layer's router: top-k, block alignment and the
     # sum of its experts' outputs, vllm fused_moe.py) of a GPU engine takes at least a kernel's floor, however few
@@ -224,7 +225,8 @@ def _head_time(ctx: StepContext, rows: int) -> float:
     attention group's share of them under attention data parallelism."""
     m = ctx.model
     g = Gemm(name="lm_head", m=group_tokens(ctx.plan, rows), n=max(m.vocab // ctx.plan.tp, 1), k=m.hidden)
-    return gemm_time(g, gpu=ctx.pool.gpu, calib=ctx.calib, dtype="fp32" if ctx.plan.precision == "fp32" else "bf16")
+    return gemm_time(g, gpu=ctx.pool.gpu, calib=ctx.calib, dtype="fp32" if ctx.plan.precision == "fp32" else "bf16",
+                     few_rows=not ctx.engine.kernel_stack)
 
 
 def stage_time(ctx: StepContext, blocks: list[BlockSpec], *, tokens: int, seq: int, kv_tokens: float,
