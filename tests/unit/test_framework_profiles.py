@@ -191,3 +191,13 @@ def test_selective_on_a_stack_without_it_is_whole_block_checkpointing(runs_csv, 
     run = row_to_run({**row, "framework": stack, "framework_version": "", "recompute": recompute})
     assert run.plan.recompute == want
     assert ("read as full" in run.profile_note) == (want != recompute)
+
+
+@pytest.mark.parametrize("text, mode", [
+    ("full", "full"), ("Full (uniform)", "full"), ("block", "full"), ("True", "full"), ("selective", "selective"),
+    ("Selective (core attention)", "selective"), ("none", "none"), ("off", "none"), ("", ""),
+])
+def test_recompute_spellings(text, mode):
+    from meshplan.spec.plan import recompute_name
+
+    assert recompute_name(text) == mode

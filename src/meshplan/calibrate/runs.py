@@ -24,7 +24,7 @@ from meshplan.spec.checks import plan_violations, stack_violations
 from meshplan.spec.cluster import ClusterSpec, Pool
 from meshplan.spec.framework import BEHAVIOUR_FIELDS, FrameworkProfile
 from meshplan.spec.model import BlockSpec, ModelSpec, MoESpec, decoder_model
-from meshplan.spec.plan import Plan, precision_name
+from meshplan.spec.plan import Plan, precision_name, recompute_name
 from meshplan.spec.recipe import Recipe
 
 REQUIRED = ("id", "arch", "n_layers", "hidden", "ffn_hidden", "n_heads", "vocab", "seq_len", "global_batch", "gpu",
@@ -178,7 +178,7 @@ def row_plan(row: dict, stack: FrameworkProfile) -> Plan:
                 micro_batch=_micro_batch(row, stack), tp=tp, sp=bool(_int(row, "sp", 0)) and tp > 1,
                 cp=_int(row, "cp", 1), pp=_int(row, "pp"), vpp=_vpp(row), dp=_int(row, "dp"),
                 zero=_int(row, "zero", 0), dp_shard=_dp_shard(row), ep=_int(row, "ep", 1),
-                recompute=row.get("recompute") or "none",
+                recompute=recompute_name(row.get("recompute") or "") or "none",
                 precision=precision_name(row.get("precision") or "") or "bf16", framework=stack.name)
 
 
@@ -193,7 +193,7 @@ def row_facts(row: dict, profile: FrameworkProfile) -> dict:
             "model": (row.get("model") or "").lower().replace("-", ""), "gpu": (row.get("gpu") or "").lower(),
             "pp": _int(row, "pp"), "vpp": _vpp(row), "ep": _int(row, "ep", 1),
             "precision": precision_name(row.get("precision") or "") or "bf16",
-            "recompute": (row.get("recompute") or "").strip(),
+            "recompute": recompute_name(row.get("recompute") or ""),
             "text": ((row.get("id") or "") + " " + src).lower()}
 
 
@@ -241,7 +241,7 @@ def whole_block_selective(plan: Plan, stack: FrameworkProfile, note: str) -> tup
 def infer_recompute(row: dict, model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> Plan:
     """Fill an unknown recompute mode: a FLOP convention that counts a recompute forward says full recompute
     (the source measured it that way); otherwise the framework default, none."""
-    if (row.get("recompute") or "").strip():
+    if recompute_name(row.get("recompute") or ""):
         return plan
     if "recompute forward" in (row.get("flops_convention") or "").lower():
         return plan.with_(recompute="full")

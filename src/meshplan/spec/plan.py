@@ -18,6 +18,22 @@ PRECISION_SPELLINGS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "f
 """How sources spell the precisions (torch dtype names, the fp8 format's), by this vocabulary's names."""
 
 
+RECOMPUTE_SPELLINGS = {"no": "none", "off": "none", "false": "none", "0": "none", "disabled": "none",
+                      "yes": "full", "on": "full", "true": "full", "1": "full", "uniform": "full", "block": "full",
+                      "full recompute": "full", "activation checkpointing": "full",
+                      "partial": "selective", "attention": "selective", "core attention": "selective",
+                      "selective recompute": "selective"}
+"""How sources spell the recompute modes (Megatron's ``--recompute-method uniform|block`` is full recompute of
+whole layers; a boolean activation checkpointing flag, as Composer's and HF's, is full)."""
+
+
+def recompute_name(text: str) -> str:
+    """A source's recompute mode in this vocabulary (lower case, a parenthesised detail dropped, spellings mapped by
+    ``RECOMPUTE_SPELLINGS``); empty stays empty."""
+    low = text.strip().lower().split("(", 1)[0].strip()
+    return RECOMPUTE_SPELLINGS.get(low, low)
+
+
 def precision_name(text: str) -> str:
     """A source's precision in this vocabulary: lower case, a parenthesised detail dropped ("FP8 (W8A8)" is fp8,
     "BF16 (mixed)" bf16), torch's and the fp8 format's spellings mapped (``PRECISION_SPELLINGS``)."""
