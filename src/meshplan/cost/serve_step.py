@@ -323,7 +323,7 @@ def _mixed_stage(ctx: StepContext, blocks: list[BlockSpec], *, decode: int, cont
 @lru_cache(maxsize=1 << 16)
 def _eager_launches(ctx: StepContext) -> float:
     """Kernel launches a stage issues when its batch is above the largest CUDA graph (each op one launch gap;
-    a fused MoE kernel is one launch for all its experts, as ``_step_gemms`` times it)."""
+    a fused MoE kernel is one launch for all its experts, as ``serve_kernels.step_gemms`` times it)."""
     plan, stack = _probe(ctx, 1), kernels(ctx.engine)
     blocks = stage_blocks(ctx.model, ctx.plan.pp)[0]
     n_ops = 0
