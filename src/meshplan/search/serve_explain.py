@@ -13,7 +13,8 @@ from meshplan.search.serve import ServeCandidate, ServeRequest, ServeResult, sea
 from meshplan.sim.serve_run import benchmark_run
 
 SHARES = (("weights", ("gemm", "head")), ("KV reads", ("attention",)), ("TP all-reduce", ("allreduce",)),
-          ("elementwise", ("elementwise",)), ("host and launches", ("host", "launches", "dispatch")),
+          ("norms, activations and small kernels", ("elementwise",)),
+          ("host and launches", ("host", "launches", "dispatch")),
           ("pipeline sends", ("pp_sends",)))
 """How a decode step's parts are named for a user."""
 MORE_GPUS = (2, 4)
