@@ -54,7 +54,16 @@ MOE_ROUTER_KERNELS = 3
 the sum over the chosen experts (vllm model_executor/layers/fused_moe/fused_moe.py, SGLang's copy of it)."""
 
 
+MLA_ABSORB_KERNELS = 5
+"""Kernels an MLA layer's absorbed decode path adds to a standard attention layer's: the q_a and kv_a RMSNorms, the
+two copies that assemble the absorbed query and key, and the second of the two BMMs that stand in for kv_up
+(sgl-project/sglang python/sglang/srt/models/deepseek_v2.py ``forward_absorb``)."""
+
+
 def engine_small_kernels(layer: LayerSpec) -> int:
     """Kernels of a GPU engine's layer besides its GEMMs and attention: its fused norms, activation, residual adds
-    and RoPE (``ops.small_kernels``), and a MoE layer's router (``MOE_ROUTER_KERNELS``)."""
-    return small_kernels(layer, fused=True) + (MOE_ROUTER_KERNELS if layer.moe else 0)
+    and RoPE (``ops.small_kernels``), a MoE layer's router (``MOE_ROUTER_KERNELS``) and an MLA layer's absorbed
+    path (``MLA_ABSORB_KERNELS``)."""
+    mla = layer.attention is not None and layer.attention.kind == "mla"
+    return small_kernels(layer, fused=True) + (MOE_ROUTER_KERNELS if layer.moe else 0) + (
+        MLA_ABSORB_KERNELS if mla else 0)
