@@ -201,3 +201,45 @@ def test_recompute_spellings(text, mode):
     from meshplan.spec.plan import recompute_name
 
     assert recompute_name(text) == mode
+
+
+@pytest.mark.parametrize("text, stage", [("1", 1), ("ZeRO-1", 1), ("zero3", 3), ("3 (FSDP)", 3),
+                                         ("1 (distributed optimizer)", 1), ("", 0)])
+def test_zero_stage_spellings(text, stage):
+    from meshplan.calibrate.run_cells import zero_stage
+
+    assert zero_stage({"zero": text}) == stage
+
+
+@pytest.mark.parametrize("text, on", [("yes", 1), ("True", 1), ("1", 1), ("no", 0), ("0", 0), ("", 0)])
+def test_flag_spellings(text, on):
+    from meshplan.calibrate.run_cells import flag
+
+    assert flag({"sp": text}, "sp") == on
+
+
+@pytest.mark.parametrize("text, name", [("bf16-mixed", "bf16"), ("amp_bf16", "bf16"), ("amp_fp8", "fp8"),
+                                        ("fp8-hybrid", "fp8"), ("FP8-CS", "fp8"), ("MXFP8", "fp8"),
+                                        ("mixed bf16", "bf16"), ("NVFP4", "nvfp4")])
+def test_precision_recipe_spellings(text, name):
+    from meshplan.spec.plan import precision_name
+
+    assert precision_name(text) == name
+
+
+def test_a_stack_with_one_kind_of_context_parallelism_runs_it(runs_csv):
+    """megatron-deepspeed's CP is DeepSpeed-Ulysses (all-to-all): its cp > 1 rows are read as that, not refused."""
+    import csv
+
+    from meshplan.calibrate.runs import row_to_run
+
+    with open(runs_csv, newline="") as f:
+        row = next(r for r in csv.DictReader(f) if r["id"] == "tt2412-t1-8b-fsdp-8g")
+    ulysses = {**row, "framework": "megatron-deepspeed", "framework_version": "", "seq_len": "32768",
+               "global_batch": "4", "micro_batch": "1", "dp": "4", "cp": "2", "zero": "1", "recompute": "full"}
+    assert row_to_run(ulysses).plan.cp_kind == "a2a"
+
+
+def test_a_release_written_with_a_v_takes_its_preset():
+    assert catalog.framework_for("deepspeed", "v0.5.0")[0].name == "deepspeed-2021"
+    assert catalog.framework_for("megatron-lm", "v2")[0].name == "megatron-lm-2021"  # a preset that lists "v2"

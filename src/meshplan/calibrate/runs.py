@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from meshplan import catalog
+from meshplan.calibrate.run_cells import flag, note_int, whole, zero_stage
 from meshplan.cost.flops import model_flops
 from meshplan.cost.stage import mtp_depth
 from meshplan.errors import MeshplanError, SpecError, shown
@@ -55,26 +56,6 @@ class Run:
     """The raw row."""
 
 
-def _int(row: dict, key: str, default: int | None = None) -> int:
-    v = (row.get(key) or "").strip()
-    if not v:
-        if default is None:
-            raise SpecError(key, v, "is empty and has no default")
-        return default
-    try:
-        x = float(v)
-    except ValueError:
-        raise SpecError(key, v, "must be a whole number") from None
-    if not x.is_integer():
-        raise SpecError(key, v, "must be a whole number")
-    return int(x)
-
-
-def _note_int(notes: str, pattern: str) -> int:
-    m = re.search(pattern, notes, flags=re.IGNORECASE)
-    return int(m.group(1)) if m else 0
-
-
 def _activation(row: dict, notes: str) -> str:
     low = notes.lower()
     for word, act in (("squared-relu", "relu2"), ("squared relu", "relu2"), ("geglu", "geglu"), ("swiglu", "swiglu")):
@@ -83,7 +64,7 @@ def _activation(row: dict, notes: str) -> str:
     if _arch(row) == "moe":
         return "swiglu"
     # GPT-style models use ffn = 4h with GeLU; any other width is a gated (SwiGLU) FFN.
-    return "gelu" if _int(row, "ffn_hidden") == 4 * _int(row, "hidden") else "swiglu"
+    return "gelu" if whole(row, "ffn_hidden") == 4 * whole(row, "hidden") else "swiglu"
 
 
 ARCHS = ("dense", "moe")
@@ -102,33 +83,33 @@ def row_model(row: dict) -> ModelSpec:
     notes = row.get("notes", "")
     act = _activation(row, notes)
     gated_family = act in ("swiglu", "geglu")
-    heads = _int(row, "n_heads")
-    kw = dict(name=row.get("model") or row["id"], n_layers=_int(row, "n_layers"), hidden=_int(row, "hidden"),
-              n_heads=heads, n_kv_heads=_int(row, "n_kv_heads", heads), ffn_hidden=_int(row, "ffn_hidden"),
-              vocab=_int(row, "vocab"), activation=act, norm="rmsnorm" if gated_family else "layernorm",
+    heads = whole(row, "n_heads")
+    kw = dict(name=row.get("model") or row["id"], n_layers=whole(row, "n_layers"), hidden=whole(row, "hidden"),
+              n_heads=heads, n_kv_heads=whole(row, "n_kv_heads", heads), ffn_hidden=whole(row, "ffn_hidden"),
+              vocab=whole(row, "vocab"), activation=act, norm="rmsnorm" if gated_family else "layernorm",
               bias=not gated_family and act == "gelu", tied_embeddings=act == "gelu",
-              head_dim=_note_int(notes, r"head_dim (\d+)"))
+              head_dim=note_int(notes, r"head_dim (\d+)"))
     if not row.get("n_kv_heads"):
         # MLA: the dataset leaves n_kv_heads empty; ranks from the notes, DeepSeek-V3 head widths.
-        kw.update(attention_kind="mla", q_lora_rank=_note_int(notes, r"q_lora (\d+)") or 1536,
-                  kv_lora_rank=_note_int(notes, r"kv_lora (\d+)") or 512, qk_rope_head_dim=64, v_head_dim=128,
+        kw.update(attention_kind="mla", q_lora_rank=note_int(notes, r"q_lora (\d+)") or 1536,
+                  kv_lora_rank=note_int(notes, r"kv_lora (\d+)") or 512, qk_rope_head_dim=64, v_head_dim=128,
                   head_dim=128)
     if _arch(row) == "moe":
         cf = re.search(r"capacity factor ([\d.]+)", notes, flags=re.IGNORECASE)
-        moe = MoESpec(n_experts=_int(row, "n_experts"), top_k=_int(row, "top_k"),
-                      expert_ffn_hidden=_int(row, "moe_ffn_hidden", _int(row, "ffn_hidden")),
-                      n_shared_experts=_int(row, "n_shared_experts", 0),
+        moe = MoESpec(n_experts=whole(row, "n_experts"), top_k=whole(row, "top_k"),
+                      expert_ffn_hidden=whole(row, "moe_ffn_hidden", whole(row, "ffn_hidden")),
+                      n_shared_experts=whole(row, "n_shared_experts", 0),
                       capacity_factor=float(cf.group(1)) if cf else 0.0)
-        kw.update(moe=moe, first_dense=_note_int(notes, r"first (\d+) layers dense"),
-                  dense_ffn_hidden=_int(row, "ffn_hidden"), ffn_hidden=moe.expert_ffn_hidden)
+        kw.update(moe=moe, first_dense=note_int(notes, r"first (\d+) layers dense"),
+                  dense_ffn_hidden=whole(row, "ffn_hidden"), ffn_hidden=moe.expert_ffn_hidden)
     return decoder_model(**kw)
 
 
 def row_cluster(row: dict) -> ClusterSpec:
     """The row's GPUs as one pool."""
     gpu = catalog.gpu((row.get("gpu") or "").strip())
-    n = _int(row, "n_gpus")
-    return ClusterSpec(pools=(Pool(gpu=gpu, n_gpus=n, gpus_per_node=_int(row, "gpus_per_node", 8)),))
+    n = whole(row, "n_gpus")
+    return ClusterSpec(pools=(Pool(gpu=gpu, n_gpus=n, gpus_per_node=whole(row, "gpus_per_node", 8)),))
 
 
 INTERLEAVED = re.compile(r"(?<!not )(?<!no )(?<!non-)\binterleaved\b", re.IGNORECASE)
@@ -139,17 +120,17 @@ def _vpp(row: dict) -> int:
     """Virtual stages; unknown (the dataset's empty ``vpp``) means none, except a run its name or notes call
     interleaved, which has at least two."""
     if (row.get("vpp") or "").strip():
-        return _int(row, "vpp")
+        return whole(row, "vpp")
     named = "interleav" in (row.get("id", "") + " " + row.get("model", "")).lower()
-    return 2 if (named or INTERLEAVED.search(row.get("notes") or "")) and _int(row, "pp") > 1 else 1
+    return 2 if (named or INTERLEAVED.search(row.get("notes") or "")) and whole(row, "pp") > 1 else 1
 
 
 def _micro_batch(row: dict, stack: FrameworkProfile) -> int:
     """Micro-batch size; unknown means the stack's default: 1 (Megatron-family recipes), or as many micro-batches
     as pipeline stages (torchtitan's pipeline_parallel_microbatches default), i.e. local batch / pp."""
     if (row.get("micro_batch") or "").strip():
-        return _int(row, "micro_batch")
-    pp, local = _int(row, "pp"), _int(row, "global_batch") // max(_int(row, "dp"), 1)
+        return whole(row, "micro_batch")
+    pp, local = whole(row, "pp"), whole(row, "global_batch") // max(whole(row, "dp"), 1)
     if stack.default_micro_batch == "pp_stages" and pp > 1 and local % pp == 0:
         return local // pp
     return 1
@@ -163,21 +144,23 @@ within the node, replicated across nodes")."""
 def _dp_shard(row: dict) -> int:
     """FSDP's shard group: all of dp (0), except an HSDP row's: the data-parallel ranks of one node, tp x cp
     innermost (Megatron's and torchtitan's rank order), when they divide dp."""
-    if _int(row, "zero", 0) != 3 or not HSDP.search(row.get("notes") or ""):
+    if zero_stage(row) != 3 or not HSDP.search(row.get("notes") or ""):
         return 0
-    dp = _int(row, "dp")
-    per_node = max(_int(row, "gpus_per_node", 8) // (_int(row, "tp") * _int(row, "cp", 1)), 1)
+    dp = whole(row, "dp")
+    per_node = max(whole(row, "gpus_per_node", 8) // (whole(row, "tp") * whole(row, "cp", 1)), 1)
     return per_node if per_node < dp and dp % per_node == 0 else 0
 
 
 def row_plan(row: dict, stack: FrameworkProfile) -> Plan:
     """The published layout under ``stack``; empty cells take the defaults (no interleaving, the stack's
     micro-batch, no recompute, no ZeRO)."""
-    tp = _int(row, "tp")
-    return Plan(global_batch=_int(row, "global_batch"), seq_len=_int(row, "seq_len"),
-                micro_batch=_micro_batch(row, stack), tp=tp, sp=bool(_int(row, "sp", 0)) and tp > 1,
-                cp=_int(row, "cp", 1), pp=_int(row, "pp"), vpp=_vpp(row), dp=_int(row, "dp"),
-                zero=_int(row, "zero", 0), dp_shard=_dp_shard(row), ep=_int(row, "ep", 1),
+    tp = whole(row, "tp")
+    # A stack with one kind of context parallelism runs that kind (megatron-deepspeed: DeepSpeed-Ulysses all-to-all)
+    kind = stack.context_parallel[0] if len(stack.context_parallel) == 1 else "ring"
+    return Plan(global_batch=whole(row, "global_batch"), seq_len=whole(row, "seq_len"),
+                micro_batch=_micro_batch(row, stack), tp=tp, sp=bool(flag(row, "sp")) and tp > 1,
+                cp=whole(row, "cp", 1), cp_kind=kind, pp=whole(row, "pp"), vpp=_vpp(row), dp=whole(row, "dp"),
+                zero=zero_stage(row), dp_shard=_dp_shard(row), ep=whole(row, "ep", 1),
                 recompute=recompute_name(row.get("recompute") or "") or "none",
                 precision=precision_name(row.get("precision") or "") or "bf16", framework=stack.name)
 
@@ -191,7 +174,7 @@ def row_facts(row: dict, profile: FrameworkProfile) -> dict:
             "framework_version": (row.get("framework_version") or "").strip().lower(),
             "source": (row.get("source") or "").lower(),
             "model": (row.get("model") or "").lower().replace("-", ""), "gpu": (row.get("gpu") or "").lower(),
-            "pp": _int(row, "pp"), "vpp": _vpp(row), "ep": _int(row, "ep", 1),
+            "pp": whole(row, "pp"), "vpp": _vpp(row), "ep": whole(row, "ep", 1),
             "precision": precision_name(row.get("precision") or "") or "bf16",
             "recompute": recompute_name(row.get("recompute") or ""),
             "text": ((row.get("id") or "") + " " + src).lower()}

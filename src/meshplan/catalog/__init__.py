@@ -227,7 +227,9 @@ def framework_for(stack: str, version: str = "") -> tuple[FrameworkProfile, str]
         named = sorted({s for p in presets for s in p.stacks if s in stack}, key=len)
         mine = [p for p in presets if named and named[-1] in p.stacks]
     if version:
-        by_version = [p for p in mine if any(version.startswith(v.lower()) for v in p.versions)]
+        bare = re.sub(r"^v(?=\d)", "", version)  # "v0.5.0" is release 0.5.0 (a preset may list "v2" itself)
+        by_version = [p for p in mine if any(version.startswith(v.lower()) or bare.startswith(v.lower())
+                                             for v in p.versions)]
         if by_version:
             return by_version[0], f"{stack} {version}: {by_version[0].name}"
     default = [p for p in mine if p.default]

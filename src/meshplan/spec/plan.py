@@ -6,6 +6,7 @@ translate to each framework's spelling. Field names follow the columns of the va
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields, replace
 
 from meshplan.errors import SpecError
@@ -22,7 +23,9 @@ RECOMPUTE_SPELLINGS = {"no": "none", "off": "none", "false": "none", "0": "none"
                       "yes": "full", "on": "full", "true": "full", "1": "full", "uniform": "full", "block": "full",
                       "full recompute": "full", "activation checkpointing": "full",
                       "partial": "selective", "attention": "selective", "core attention": "selective",
-                      "selective recompute": "selective"}
+                      "selective recompute": "selective", "gradient checkpointing": "full",
+                      "gradient_checkpointing": "full", "op": "selective", "sac": "selective",
+                      "per-op sac": "selective", "per-op": "selective"}
 """How sources spell the recompute modes (Megatron's ``--recompute-method uniform|block`` is full recompute of
 whole layers; a boolean activation checkpointing flag, as Composer's and HF's, is full)."""
 
@@ -38,6 +41,9 @@ def precision_name(text: str) -> str:
     """A source's precision in this vocabulary: lower case, a parenthesised detail dropped ("FP8 (W8A8)" is fp8,
     "BF16 (mixed)" bf16), torch's and the fp8 format's spellings mapped (``PRECISION_SPELLINGS``)."""
     low = text.strip().lower().split("(", 1)[0].strip()
+    low = re.sub(r"^(?:amp_|mixed[ _-])|[ _-]mixed$", "", low)  # Composer's amp_bf16, Lightning's bf16-mixed
+    if low.startswith("fp8") or low == "mxfp8":  # fp8-hybrid, FP8-CS, fp8-delayed: scaling recipes of fp8
+        return "fp8"
     return PRECISION_SPELLINGS.get(low, low)
 CP_KINDS = ("ring", "a2a")
 DP_SYNCS = ("allreduce", "reduce_scatter", "ps")
