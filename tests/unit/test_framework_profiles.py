@@ -243,3 +243,12 @@ def test_a_stack_with_one_kind_of_context_parallelism_runs_it(runs_csv):
 def test_a_release_written_with_a_v_takes_its_preset():
     assert catalog.framework_for("deepspeed", "v0.5.0")[0].name == "deepspeed-2021"
     assert catalog.framework_for("megatron-lm", "v2")[0].name == "megatron-lm-2021"  # a preset that lists "v2"
+
+
+def test_numbers_in_the_notes_are_read_as_sources_write_them():
+    from meshplan.calibrate.run_cells import note_int
+
+    assert note_int("Qwen3 head_dim=128", r"head_dim\s*[=:]?\s*(\d+)") == 128
+    assert note_int("DeepSeek-V2-Lite: q_lora 0 (no query compression)", r"q_lora\s*[=:]?\s*(\d+)", 1536) == 0
+    assert note_int("no rank stated", r"q_lora\s*[=:]?\s*(\d+)", 1536) == 1536
+    assert note_int("first 1 layer dense", r"first (\d+) layers? dense") == 1

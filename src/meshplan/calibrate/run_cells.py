@@ -40,7 +40,7 @@ def flag(row: dict, key: str) -> int:
     return FLAG_WORDS[word] if word in FLAG_WORDS else whole(row, key, 0)
 
 
-def note_int(notes: str, pattern: str) -> int:
-    """The number ``pattern``'s first group finds in the notes, or 0."""
+def note_int(notes: str, pattern: str, default: int = 0) -> int:
+    """The number ``pattern``'s first group finds in the notes (a stated 0 included), or ``default``."""
     m = re.search(pattern, notes, flags=re.IGNORECASE)
-    return int(m.group(1)) if m else 0
+    return int(m.group(1)) if m else default

@@ -88,11 +88,11 @@ def row_model(row: dict) -> ModelSpec:
               n_heads=heads, n_kv_heads=whole(row, "n_kv_heads", heads), ffn_hidden=whole(row, "ffn_hidden"),
               vocab=whole(row, "vocab"), activation=act, norm="rmsnorm" if gated_family else "layernorm",
               bias=not gated_family and act == "gelu", tied_embeddings=act == "gelu",
-              head_dim=note_int(notes, r"head_dim (\d+)"))
+              head_dim=note_int(notes, r"head_dim\s*[=:]?\s*(\d+)"))
     if not row.get("n_kv_heads"):
         # MLA: the dataset leaves n_kv_heads empty; ranks from the notes, DeepSeek-V3 head widths.
-        kw.update(attention_kind="mla", q_lora_rank=note_int(notes, r"q_lora (\d+)") or 1536,
-                  kv_lora_rank=note_int(notes, r"kv_lora (\d+)") or 512, qk_rope_head_dim=64, v_head_dim=128,
+        kw.update(attention_kind="mla", q_lora_rank=note_int(notes, r"q_lora\s*[=:]?\s*(\d+)", 1536),
+                  kv_lora_rank=note_int(notes, r"kv_lora\s*[=:]?\s*(\d+)", 512), qk_rope_head_dim=64, v_head_dim=128,
                   head_dim=128)
     if _arch(row) == "moe":
         cf = re.search(r"capacity factor ([\d.]+)", notes, flags=re.IGNORECASE)
@@ -100,7 +100,7 @@ def row_model(row: dict) -> ModelSpec:
                       expert_ffn_hidden=whole(row, "moe_ffn_hidden", whole(row, "ffn_hidden")),
                       n_shared_experts=whole(row, "n_shared_experts", 0),
                       capacity_factor=float(cf.group(1)) if cf else 0.0)
-        kw.update(moe=moe, first_dense=note_int(notes, r"first (\d+) layers dense"),
+        kw.update(moe=moe, first_dense=note_int(notes, r"first (\d+) layers? dense"),
                   dense_ffn_hidden=whole(row, "ffn_hidden"), ffn_hidden=moe.expert_ffn_hidden)
     return decoder_model(**kw)
 
