@@ -149,7 +149,26 @@ def cp_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx, *, attn_fwd: float) -> tu
     exp_f = (plan.cp - 1) * max(step_f - ctx.calib.overlap_eff * per_f, 0.0)
     exp_b = (plan.cp - 1) * max(step_b - ctx.calib.overlap_eff * 2.5 * per_f, 0.0)
     sync = (plan.cp - 1) * ctx.calib.sync_s  # host wake-up per ring step (0 on GPUs)
-    return exp_f + sync, exp_b + sync
+    merge_f, merge_b = cp_step_merge(layer, ops, ctx)
+    return exp_f + sync + merge_f, exp_b + sync + merge_b
+
+
+def cp_step_merge(layer: LayerSpec, ops: LayerOps, ctx: Ctx) -> tuple[float, float]:
+    """Memory time (forward, backward) of one layer's ring steps outside the attention kernel: each of the cp
+    steps merges its partial output into the running one and accumulates the K/V gradients (the first step
+    initialises them at about the same cost), at the stack's bytes per element
+    (``FrameworkProfile.cp_step_bytes``: torch's ``_templated_ring_attention`` in fp32 with concatenations,
+    Transformer Engine's fused 16-bit corrections)."""
+    plan, att, stack = ctx.plan, layer.attention, ctx.stack
+    out_f, out_b, kv_f, kv_b = stack.cp_step_bytes
+    if plan.cp <= 1 or att is None or not any(stack.cp_step_bytes):
+        return 0.0, 0.0
+    kv_heads = att.n_kv_heads if att.kind == "gqa" and not stack.cp_repeats_kv else att.n_heads
+    out = ops.tokens * att.n_heads / plan.tp * att.v_dim  # elements of the rank's attention output
+    kv = ops.tokens * kv_heads / plan.tp * (att.qk_dim + att.v_dim)  # elements of its K and V chunks
+    steps = plan.cp
+    return (steps * memory_time(out_f * out + kv_f * kv, gpu=ctx.gpu, calib=ctx.calib),
+            steps * memory_time(out_b * out + kv_b * kv, gpu=ctx.gpu, calib=ctx.calib))
 
 
 def ep_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx) -> float:

@@ -28,7 +28,7 @@ BEHAVIOUR_FIELDS = ("kernel_library", "fused_kernels", "eager_dtensor", "flash_a
                     "overlap_grad_reduce", "overlap_param_gather", "accumulate_unsharded_grads", "tp_comm_overlap",
                     "tp_comm_overlap_supported", "selective_policy", "fused_optimizer", "grad_dtype",
                     "optimizer_dtype", "default_micro_batch", "shards_experts", "fp8_linear", "fp8_params",
-                    "fp8_fsdp_gather")
+                    "fp8_fsdp_gather", "cp_step_bytes", "cp_repeats_kv")
 """The fields that change a prediction (a recipe or a CLI flag may override them); the rest describe the preset."""
 CAPABILITY_FIELDS = ("tensor_parallel", "context_parallel", "expert_parallel", "schedules", "max_zero_with_pp",
                      "recompute_modes", "dp_syncs")
@@ -116,6 +116,15 @@ class FrameworkProfile:
     """fp8 plans under FSDP cast each linear weight's shard to fp8 before the all-gather and gather 1 byte per
     weight (torchao ``enable_fsdp_float8_all_gather``: WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather);
     gradients are still reduce-scattered at the reduce dtype."""
+    cp_step_bytes: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    """HBM bytes each ring context-parallel step moves outside the attention kernel: merging the step's partial
+    output and log-sum-exp into the running result, the copies that feed the next step, the gradient
+    accumulation. Averaged over ranks under the causal zig-zag balance (half the steps on half tensors):
+    (forward, backward) per element of the rank's attention output, then (forward, backward) per element of its
+    K and V chunks."""
+    cp_repeats_kv: bool = False
+    """The model expands grouped K/V heads to the query heads before attention, so a ring rotates and accumulates
+    n_heads-wide K and V (torchtitan's ``repeat_kv`` before SDPA)."""
     default_micro_batch: str = "one"
     """Micro-batch size when a recipe does not say: ``one`` (Megatron: micro-batch 1) or ``pp_stages`` (as many
     micro-batches as pipeline stages, torchtitan's ``pipeline_parallel_microbatches`` default)."""
@@ -149,7 +158,7 @@ class FrameworkProfile:
         for name in ("fused_kernels", "eager_dtensor", "flash_attention", "overlap_grad_reduce",
                      "overlap_param_gather", "accumulate_unsharded_grads", "tp_comm_overlap",
                      "tp_comm_overlap_supported", "fused_optimizer", "shards_experts", "fp8_params",
-                     "fp8_fsdp_gather"):
+                     "fp8_fsdp_gather", "cp_repeats_kv"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"framework.{name}", getattr(self, name), "must be true or false")
         for name, opts in (("context_parallel", CP_KINDS), ("recompute_modes", RECOMPUTE_MODES),
@@ -157,6 +166,9 @@ class FrameworkProfile:
             bad = [v for v in getattr(self, name) if v not in opts]
             if bad:
                 raise SpecError(f"framework.{name}", bad, f"entries must be among {', '.join(opts)}")
+        step = self.cp_step_bytes
+        if len(step) != 4 or not all(isinstance(b, (int, float)) and 0 <= b < 1e3 for b in step):
+            raise SpecError("framework.cp_step_bytes", step, "must be four byte counts between 0 and 1000")
         if self.max_zero_with_pp not in (0, 1, 2, 3):
             raise SpecError("framework.max_zero_with_pp", self.max_zero_with_pp, "must be 0, 1, 2 or 3")
         if self.tp_comm_overlap and not self.tp_comm_overlap_supported:
