@@ -53,7 +53,7 @@ class TimeBreakdown:
     tp_comm: float = 0.0
     """Exposed tensor/sequence-parallel collectives."""
     cp_comm: float = 0.0
-    """Exposed context-parallel KV exchange."""
+    """Exposed context-parallel KV exchange, and a ring's merges of partial results outside the attention kernel."""
     ep_comm: float = 0.0
     """Exposed expert-parallel all-to-all."""
     pp_comm: float = 0.0

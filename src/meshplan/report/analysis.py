@@ -16,7 +16,7 @@ SAME_MEMORY = 0.05 * GIB
 """Peak memories within 0.05 GiB count as equal."""
 COMPONENT_NAMES = {"compute": "compute", "recompute": "recompute (inside compute)",
                    "host_wait": "waiting on the host (inside compute)", "bubble": "pipeline bubble",
-                   "tp_comm": "TP communication", "cp_comm": "CP communication", "ep_comm": "EP all-to-all",
+                   "tp_comm": "TP communication", "cp_comm": "CP communication and merges", "ep_comm": "EP all-to-all",
                    "pp_comm": "pipeline sends", "dp_comm": "DP/ZeRO communication", "optimizer": "optimizer step",
                    "overhead": "fixed overhead"}
 """Readable name of each TimeBreakdown field."""
