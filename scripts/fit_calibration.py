@@ -15,6 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def main() -> None:
     csv_path = sys.argv[1] if len(sys.argv) > 1 else str(ROOT.parent / "shared/validation/runs_visible.csv")
     runs, skipped = load_runs(csv_path)
+    if not runs:  # never overwrite the shipped constants with a fit of nothing
+        first = f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        sys.exit(f"error: no run of {csv_path} could be predicted{first}; constants.toml left as it was")
     out = ROOT / "src/meshplan/calibrate/constants.toml"
     t0 = time.time()
     before = log_error(runs, {})
