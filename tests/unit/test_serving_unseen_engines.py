@@ -74,6 +74,17 @@ def test_lmdeploy_sizes_its_batch_by_card():
         assert (e.max_num_seqs, e.max_batched_tokens) == (batch, 8192 + batch)
 
 
+def test_vllm_v1_sizes_its_step_budget_by_card():
+    """vllm@v0.11.0 get_batch_defaults (API server): 8192 tokens and 1024 sequences from 70 GiB of device memory
+    up, except on an A100; 2048 and 256 below that and on every A100 (A800 80 GB takes the larger ones)."""
+    model = catalog.model("llama3.1-8b")
+    for gpu, want in (("h100-sxm", (8192, 1024)), ("mi300x", (8192, 1024)), ("a800", (8192, 1024)),
+                      ("a100-80gb", (2048, 256)), ("l40s", (2048, 256)), ("l4", (2048, 256))):
+        pool = catalog.cluster(f"1x{gpu}").pools[0]
+        e = sized_engine(catalog.engine("vllm"), model, ServePlan(engine="vllm"), pool, WORK)
+        assert (e.max_batched_tokens, e.max_num_seqs) == want and e.activation_tokens == want[0]
+
+
 def test_a_pinned_cap_moves_turbomind_s_step_budget_with_it():
     """TurboMind's forward budget is max_prefill_token_num + max_batch_size: pinning --max-num-seqs 64 gives 8256."""
     base = dict(model=catalog.model("llama3.1-8b"), cluster=catalog.cluster("1xh100-sxm"),

@@ -63,6 +63,27 @@ V0_DEFAULT_CONTEXT = 2048
 """max_model_len when a model names no trained length: vLLM's fallback in vllm/config.py _get_and_verify_max_len."""
 
 
+def _vllm_v1(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool,
+             work: Workload) -> EngineProfile:
+    """vLLM V1's API-server defaults by card (vllm@v0.11.0 vllm/engine/arg_utils.py ``get_batch_defaults``, since
+    0.9.0, PR #17885): 8192 batched tokens and 1024 sequences on a GPU of at least 70 GiB other than an A100 (the
+    profile's), else 2048 and 256; never above the profile's own caps. The profile run that sizes the activations
+    is one step of that budget."""
+    if pool.gpu.hbm_bytes >= V1_LARGE_GPU_BYTES and "a100" not in pool.gpu.name:
+        return engine
+    tokens = min(engine.max_batched_tokens, V1_SMALL_GPU_TOKENS)
+    return replace(engine, max_batched_tokens=tokens, activation_tokens=min(engine.activation_tokens, tokens),
+                   max_num_seqs=min(engine.max_num_seqs, V1_SMALL_GPU_SEQS))
+
+
+V1_LARGE_GPU_BYTES = 70 * GiB
+"""vLLM V1 gives the larger defaults from this total device memory up (``device_memory >= 70 * GiB_bytes``)."""
+V1_SMALL_GPU_TOKENS = 2048
+"""vLLM V1's API-server ``max_num_batched_tokens`` below that, and on every A100."""
+V1_SMALL_GPU_SEQS = 256
+"""vLLM V1's ``max_num_seqs`` below that, and on every A100."""
+
+
 def _tgi_v3(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool,
             work: Workload) -> EngineProfile:
     """TGI 3's ``max_batch_prefill_tokens`` when none is given (tgi@v3.3.7 launcher/src/main.rs): the card's f16
@@ -173,7 +194,7 @@ def _round_up(x: float, rungs: tuple[tuple[float, int], ...], least: int) -> int
 
 
 SIZINGS = {"none": lambda engine, model, plan, pool, work: engine, "trtllm-bench": _trtllm_bench,
-           "vllm-v0": _vllm_v0, "tgi-v3": _tgi_v3, "lmdeploy": _lmdeploy}
+           "vllm-v0": _vllm_v0, "vllm-v1": _vllm_v1, "tgi-v3": _tgi_v3, "lmdeploy": _lmdeploy}
 """Build-sizing rule -> the engine with its caps for one workload and layout (``spec.engine.BUILD_SIZINGS``)."""
 
 
