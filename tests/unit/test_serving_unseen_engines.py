@@ -85,6 +85,23 @@ def test_vllm_v1_sizes_its_step_budget_by_card():
         assert (e.max_batched_tokens, e.max_num_seqs) == want and e.activation_tokens == want[0]
 
 
+def test_sglang_sizes_chunk_graphs_and_static_memory_by_card():
+    """sglang@v0.5.23 handle_gpu_memory_settings, by hand: an L40S (below 60 GiB) at TP 1 chunks prompts by 4096
+    and captures decode graphs to 32, reserving 512 + 4096 x 1.5 + 1/8 GiB + 32 x 2 + 8 MiB for each of the 50
+    prefill graph sizes up to 4096 MiB; an H100 at TP 8 chunks by 8192, captures to 512 and reserves
+    512 + 8192 x 1.5 + 1024 + 1024 + 8 x 58 MiB (above the 10 GiB floor); a B200 chunks by 16384 (74 prefill sizes)."""
+    model = catalog.model("llama3.1-8b")
+    for gpu, tp, chunk, graphs, prefill_sizes in (("l40s", 1, 4096, 32, 50), ("h100-sxm", 8, 8192, 512, 58),
+                                                  ("b200", 8, 16384, 512, 74)):
+        pool = catalog.cluster(f"{tp}x{gpu}").pools[0]
+        e = sized_engine(catalog.engine("sglang"), model, ServePlan(tp=tp, engine="sglang"), pool, WORK)
+        mib = pool.gpu.hbm_bytes / 2**20
+        reserve = max(512 + chunk * 1.5 + tp / 8 * 1024 + graphs * 2 + 8 * prefill_sizes,
+                      10 * 1024 if mib > 60 * 1024 else 0)
+        assert (e.max_batched_tokens, e.activation_tokens, e.cuda_graph_max_batch) == (chunk, chunk, graphs)
+        assert e.kv_memory_fraction == round((mib - reserve) / mib, 3)
+
+
 def test_a_pinned_cap_moves_turbomind_s_step_budget_with_it():
     """TurboMind's forward budget is max_prefill_token_num + max_batch_size: pinning --max-num-seqs 64 gives 8256."""
     base = dict(model=catalog.model("llama3.1-8b"), cluster=catalog.cluster("1xh100-sxm"),

@@ -84,6 +84,45 @@ V1_SMALL_GPU_SEQS = 256
 """vLLM V1's ``max_num_seqs`` below that, and on every A100."""
 
 
+def _sglang(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool,
+            work: Workload) -> EngineProfile:
+    """SGLang's defaults by card (sglang@v0.5.23 python/sglang/srt/arg_groups/memory_hook.py
+    ``handle_gpu_memory_settings``): the chunked-prefill size and the decode CUDA-graph batch cap by the device's
+    memory and the TP size, then ``mem_fraction_static`` = (memory - reserve) / memory, the reserve being 512 MiB,
+    1.5 MiB per token of the chunk (at least 2048), 1 GiB per 8 GPUs of tp x pp, the decode graphs (2 MiB per
+    batch slot; DP attention 3 more per slot and group, 1.5 past 300 slots) and the prefill graphs (8 MiB per
+    captured token count, 1.5 GiB under MLA), at least 10 GiB on a card above 60 GiB."""
+    mib = pool.gpu.hbm_bytes / 2**20
+    sglang_tp = plan.tp * plan.attn_dp  # --tp-size spans the attention-DP groups (--dp-size)
+    chunk, graphs = next(tier for limit, *tier in _sglang_tiers(sglang_tp) if mib < limit)
+    mla = any(b.layer.attention is not None and b.layer.attention.kind == "mla" for b in model.blocks)
+    reserve = 512 + max(chunk, 2048) * 1.5 + sglang_tp * plan.pp / 8 * 1024 + graphs * 2
+    if plan.attn_dp > 1:
+        reserve += graphs * plan.attn_dp * (4.5 if graphs > 300 else 3)
+    reserve += 1.5 * 1024 if mla else 8 * len(_prefill_graph_tokens(chunk))
+    if mib > 60 * 1024:
+        reserve = max(reserve, 10 * 1024)
+    return replace(engine, max_batched_tokens=chunk, activation_tokens=chunk, cuda_graph_max_batch=graphs,
+                   kv_memory_fraction=round((mib - reserve) / mib, 3))
+
+
+def _sglang_tiers(tp: int) -> tuple[tuple[float, int, int], ...]:
+    """(memory below, MiB; chunked-prefill tokens; decode graph batch cap) of memory_hook.py's table: T4-class,
+    A10/4090/5090, A100-40GB/L40, H100/A100-80GB, H20/H200, then B200/MI300."""
+    small = tp < 4
+    return ((20 * 1024, 2048, 8), (35 * 1024, 4096, 48 if small else 160), (60 * 1024, 4096, 32 if small else 160),
+            (90 * 1024, 8192, 256 if small else 512), (160 * 1024, 8192, 256 if small else 512),
+            (math.inf, 16384, 512))
+
+
+def _prefill_graph_tokens(chunk: int) -> list[int]:
+    """Token counts SGLang captures prefill graphs for, up to the chunk (cuda_graph_hook.py
+    ``generate_prefill_cuda_graph_batch_sizes``)."""
+    sizes = ([*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
+              *range(1280, 4097, 256), *range(4608, chunk + 1, 512)])
+    return [n for n in sizes if n <= chunk]
+
+
 def _tgi_v3(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool,
             work: Workload) -> EngineProfile:
     """TGI 3's ``max_batch_prefill_tokens`` when none is given (tgi@v3.3.7 launcher/src/main.rs): the card's f16
@@ -194,7 +233,8 @@ def _round_up(x: float, rungs: tuple[tuple[float, int], ...], least: int) -> int
 
 
 SIZINGS = {"none": lambda engine, model, plan, pool, work: engine, "trtllm-bench": _trtllm_bench,
-           "vllm-v0": _vllm_v0, "vllm-v1": _vllm_v1, "tgi-v3": _tgi_v3, "lmdeploy": _lmdeploy}
+           "vllm-v0": _vllm_v0, "vllm-v1": _vllm_v1, "sglang": _sglang, "tgi-v3": _tgi_v3,
+           "lmdeploy": _lmdeploy}
 """Build-sizing rule -> the engine with its caps for one workload and layout (``spec.engine.BUILD_SIZINGS``)."""
 
 

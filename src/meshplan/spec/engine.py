@@ -30,7 +30,7 @@ CLOSED_LOOP_ROUNDS = 10
 """Requests per client of a closed-loop benchmark run: meshplan's exported bench.sh (``serve_common.num_prompts``)
 and InferenceX's harness (``num_prompts = 10 * conc``) send ten, so the steady state outweighs the start."""
 """Statistics a harness reports its latencies as (``EngineProfile.reports``)."""
-BUILD_SIZINGS = ("none", "trtllm-bench", "vllm-v0", "vllm-v1", "tgi-v3", "lmdeploy")
+BUILD_SIZINGS = ("none", "trtllm-bench", "vllm-v0", "vllm-v1", "sglang", "tgi-v3", "lmdeploy")
 """Rules the engine or its benchmark tool sizes its caps by before it runs, from the workload or the model
 (``cost.serve_sizing.SIZINGS``)."""
 
