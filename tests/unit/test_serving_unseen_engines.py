@@ -102,6 +102,37 @@ def test_sglang_sizes_chunk_graphs_and_static_memory_by_card():
         assert e.kv_memory_fraction == round((mib - reserve) / mib, 3)
 
 
+@pytest.mark.parametrize("text, name", [
+    ("TensorRT-LLM 1.0 (trtllm-bench, PyTorch backend)", "trtllm-bench"), ("trtllm-bench (TensorRT-LLM 1.1)",
+                                                                           "trtllm-bench"),
+    ("TensorRT-LLM 0.19 (trtllm-bench, TRT engine flow)", "trtllm-0.17"), ("TensorRT-LLM 1.1 trtllm-serve", "trtllm"),
+])
+def test_trtllm_bench_rows_from_1_0_take_the_bench_harness(text, name):
+    assert catalog.engine_for(text)[0].name == name
+
+
+def test_trtllm_bench_pytorch_sizes_batch_tokens_and_graphs():
+    """trtllm-bench throughput, PyTorch backend, by hand for Llama-3.1-8B fp8 (fp8 KV) on one H200 at 1000/1000:
+    0.90 of the memory the 1-byte weights leave over 2 x 32 layers x 8 kv heads x 128 x 1 B a token for 2000
+    tokens a request gives the raw batch, rounded up by 128 between 256 and 1024; tokens = batch x (1 + 1), by
+    1024 above 8192, at least the longest prompt plus the batch; CUDA graphs up to the batch."""
+    import math
+
+    from meshplan.cost.memory import model_params
+
+    model, pool = catalog.model("llama3.1-8b"), catalog.cluster("1xh200").pools[0]
+    plan = ServePlan(precision="fp8", kv_dtype="fp8", engine="trtllm-bench")
+    e = sized_engine(catalog.engine("trtllm-bench"), model, plan, pool, WORK)
+    requests = 0.90 * (pool.gpu.hbm_bytes - model_params(model)) / (2 * 32 * 8 * 128 * 2000)
+    assert 256 <= requests < 1024
+    batch = 128 * math.ceil(requests / 128)
+    raw_tokens = batch * 2
+    tokens = max(2048, 256 * math.ceil(raw_tokens / 256)) if raw_tokens < 4096 else (
+        512 * math.ceil(raw_tokens / 512) if raw_tokens < 8192 else 1024 * math.ceil(raw_tokens / 1024))
+    assert (e.max_num_seqs, e.max_batched_tokens, e.cuda_graph_max_batch) == (batch, max(tokens, 1000 + batch),
+                                                                              batch)
+
+
 def test_a_pinned_cap_moves_turbomind_s_step_budget_with_it():
     """TurboMind's forward budget is max_prefill_token_num + max_batch_size: pinning --max-num-seqs 64 gives 8256."""
     base = dict(model=catalog.model("llama3.1-8b"), cluster=catalog.cluster("1xh100-sxm"),

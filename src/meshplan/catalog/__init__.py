@@ -116,8 +116,9 @@ def engine(ref: str) -> EngineProfile:
 
 def engine_for(text: str) -> tuple[EngineProfile, str]:
     """The profile of an engine as a source names it (a serving row's ``framework``): a profile whose ``matches``
-    prefixes the text (that source's own setup), else the family's release profile (not a ``harness``) nearest the
-    version the text names (``_nearest_release``). Returns the profile and a note saying how it was chosen."""
+    prefixes the text (that source's own setup), else one whose ``mentions`` the text all contains at or after its
+    ``since`` (a benchmark tool), else the family's release profile (not a ``harness``) nearest the version the
+    text names (``_nearest_release``). Returns the profile and a note saying how it was chosen."""
     text = text.strip()
     profiles = [engine(n) for n in engine_names()]
     for prof in profiles:
@@ -132,6 +133,11 @@ def engine_for(text: str) -> tuple[EngineProfile, str]:
     at, family, name = min(engines or found)
     named = re.search(r"\d+(?:\.\d+)+", low[at + len(name):]) if engines else None
     wanted = version_tuple(named.group(0)) if named else ()
+    tools = [p for p in profiles if p.engine == family and p.mentions and all(m.lower() in low for m in p.mentions)
+             and (not wanted or _padded(p.since_key) <= _padded(wanted))]
+    if tools:  # a benchmark tool the row names, from the release its profile describes on
+        pick = max(tools, key=lambda p: _padded(p.since_key))
+        return pick, f"{text}: {pick.name} (names {', '.join(pick.mentions)})"
     defaults = sorted((p for p in profiles if p.engine == family and not p.harness), key=lambda p: p.version_key)
     if not defaults:
         raise SpecError("framework", text, f"engine family {family} has no release profile (all are harnesses)")

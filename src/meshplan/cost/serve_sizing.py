@@ -26,21 +26,43 @@ GiB = 1024.0**3
 def _trtllm_bench(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool,
                   work: Workload) -> EngineProfile:
     """trtllm-bench's ``max_batch_size`` and ``max_num_tokens`` for ``work`` on ``plan`` (module docstring)."""
+    bs, tokens = _bench_caps(model, plan, pool, work, fraction=0.95)
+    return replace(engine, max_num_seqs=bs, max_batched_tokens=tokens, activation_tokens=tokens)
+
+
+def _trtllm_bench_pytorch(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool,
+                          work: Workload) -> EngineProfile:
+    """trtllm-bench throughput on the PyTorch backend (TensorRT-LLM 1.x bench/benchmark/utils/general.py
+    ``get_settings``): the same heuristic at the command's ``--kv_cache_free_gpu_mem_fraction`` (0.90); without
+    chunked prefill the token budget grows to hold the longest prompt beside a full batch (max_isl +
+    max_batch_size), and CUDA graphs are captured, padded, up to the batch."""
+    bs, tokens = _bench_caps(model, plan, pool, work, fraction=engine.kv_memory_fraction)
+    if not engine.chunked_prefill:
+        longest = max(n for n, _ in work.bins("input"))  # the dataset's max_isl
+        tokens = max(tokens, longest + bs)
+    return replace(engine, max_num_seqs=bs, max_batched_tokens=tokens, activation_tokens=tokens,
+                   cuda_graph_max_batch=bs)
+
+
+def _bench_caps(model: ModelSpec, plan: ServePlan, pool: Pool, work: Workload, *,
+                fraction: float) -> tuple[int, int]:
+    """tuning.py ``calc_engine_setting`` and ``finetune_setting`` (max_batch_size, max_num_tokens)."""
     gpus = plan.tp * plan.pp
     # calc_engine_setting: byte_per_token = 2 x attention layers x max(tp, n_kv) x head_size x KV element bytes
     # (all ranks together), which is this model's KV per GPU times the replica's GPUs.
     per_token = kv_bytes_per_token_per_gpu(model, plan) * gpus
     engine_bytes = model_params(model) * plan.weight_bytes  # param_count x bytes per element
-    # kv_cache_gpu_mem_fraction = 0.95 of the rest; the tool reads NVML's total (utils.get_device_memory), about
-    # 0.6 % above the CUDA-visible memory the catalog holds
-    cache = 0.95 * (pool.gpu.hbm_bytes * gpus - engine_bytes)
+    # kv_cache_gpu_mem_fraction of the rest (0.95 at trtllm-bench build, the throughput command's 0.90 on the
+    # PyTorch backend); the tool reads NVML's total (utils.get_device_memory), about 0.6 % above the CUDA-visible
+    # memory the catalog holds
+    cache = fraction * (pool.gpu.hbm_bytes * gpus - engine_bytes)
     requests = max(cache / (per_token * (work.input_len + work.output_len)), 1.0)
     # finetune_setting: the batch capped at 4096 over pp, tokens at batch x (1 + ISL/OSL) capped at 32768
     raw_bs = min(requests, 4096) / plan.pp
     raw_tokens = min(raw_bs * (1 + work.input_len / work.output_len), 32768)
     bs = _round_up(raw_bs, ((256, 32), (1024, 128), (math.inf, 256)), least=64)
     tokens = _round_up(raw_tokens, ((4096, 256), (8192, 512), (math.inf, 1024)), least=2048)
-    return replace(engine, max_num_seqs=bs, max_batched_tokens=tokens, activation_tokens=tokens)
+    return bs, tokens
 
 
 def _vllm_v0(engine: EngineProfile, model: ModelSpec, plan: ServePlan, pool: Pool,
@@ -233,6 +255,7 @@ def _round_up(x: float, rungs: tuple[tuple[float, int], ...], least: int) -> int
 
 
 SIZINGS = {"none": lambda engine, model, plan, pool, work: engine, "trtllm-bench": _trtllm_bench,
+           "trtllm-bench-pytorch": _trtllm_bench_pytorch,
            "vllm-v0": _vllm_v0, "vllm-v1": _vllm_v1, "sglang": _sglang, "tgi-v3": _tgi_v3,
            "lmdeploy": _lmdeploy}
 """Build-sizing rule -> the engine with its caps for one workload and layout (``spec.engine.BUILD_SIZINGS``)."""

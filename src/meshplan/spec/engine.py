@@ -30,7 +30,7 @@ CLOSED_LOOP_ROUNDS = 10
 """Requests per client of a closed-loop benchmark run: meshplan's exported bench.sh (``serve_common.num_prompts``)
 and InferenceX's harness (``num_prompts = 10 * conc``) send ten, so the steady state outweighs the start."""
 """Statistics a harness reports its latencies as (``EngineProfile.reports``)."""
-BUILD_SIZINGS = ("none", "trtllm-bench", "vllm-v0", "vllm-v1", "sglang", "tgi-v3", "lmdeploy")
+BUILD_SIZINGS = ("none", "trtllm-bench", "trtllm-bench-pytorch", "vllm-v0", "vllm-v1", "sglang", "tgi-v3", "lmdeploy")
 """Rules the engine or its benchmark tool sizes its caps by before it runs, from the workload or the model
 (``cost.serve_sizing.SIZINGS``)."""
 
@@ -56,6 +56,9 @@ class EngineProfile:
     """One line for listings."""
     matches: tuple[str, ...] = ()
     """Prefixes of a validation row's ``framework`` column that this profile reproduces (data, not a regex)."""
+    mentions: tuple[str, ...] = ()
+    """Words (any case) a row's ``framework`` text must all contain, anywhere, for this profile to describe it from
+    its ``since`` release on: a benchmark tool the row names beside the engine (``trtllm-bench``)."""
     harness: bool = False
     """The profile reproduces one source's harness or launch flags beyond its release's defaults (a benchmark's
     ``--num-scheduler-steps``, NIM, MLPerf), so it never stands in for another row of its family."""
@@ -195,7 +198,7 @@ def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in got.group(1).split(".")) if got else ()
 
 
-IDENTITY = ("name", "engine", "version", "since", "host_of", "summary", "matches", "harness", "sources",
+IDENTITY = ("name", "engine", "version", "since", "host_of", "summary", "matches", "mentions", "harness", "sources",
             "kernel_stack")
 """Fields that say which engine a profile is, not how it runs."""
 SETTINGS = tuple(f.name for f in fields(EngineProfile) if f.name not in IDENTITY)
@@ -212,6 +215,7 @@ def engine_from_dict(d: dict, where: str) -> EngineProfile:
         raise SpecError(where, bad, f"unknown engine fields; known: {', '.join(sorted(allowed))}")
     kw = dict(d)
     kw["matches"] = tuple(kw.get("matches", ()))
+    kw["mentions"] = tuple(kw.get("mentions", ()))
     sources = kw.get("sources", {})
     missing = [k for k in d if (k in SETTINGS or k in ("since", "host_of")) and k not in sources]
     if missing:
