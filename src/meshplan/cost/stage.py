@@ -121,6 +121,8 @@ def tp_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx, *, fwd_gemm: float, bwd_g
     overlap = ctx.stack.tp_comm_overlap
     f = _overlapped(n * one_f, fwd_gemm, overlap=overlap, chunks=plan.tp, calib=ctx.calib)
     b = _overlapped(n * one, bwd_gemm, overlap=overlap, chunks=plan.tp, calib=ctx.calib)
+    if ctx.stack.tp_backward_async and not overlap:
+        b = _async_backward(n, msg, ctx, bwd_gemm=bwd_gemm, one=one)
     sync = (2 * n if plan.sp else n) * ctx.calib.sync_s  # host wake-up per blocking call (0 on GPUs)
     return f + sync, b + sync
 
@@ -169,6 +171,25 @@ def cp_step_merge(layer: LayerSpec, ops: LayerOps, ctx: Ctx) -> tuple[float, flo
     steps = plan.cp
     return (steps * memory_time(out_f * out + kv_f * kv, gpu=ctx.gpu, calib=ctx.calib),
             steps * memory_time(out_b * out + kv_b * kv, gpu=ctx.gpu, calib=ctx.calib))
+
+
+def _async_backward(n: int, msg: float, ctx: Ctx, *, bwd_gemm: float, one: float) -> float:
+    """Exposed backward TP time when the column-parallel layers' collectives run beside their GEMMs (Megatron
+    ``LinearWithGradAccumulationAndAsyncCommunication``, Transformer Engine ``layernorm_linear.py`` backward
+    ``async_op=True``): with SP, only the gather of the output gradient waits; the re-gather of the saved input
+    (fp8 under Transformer Engine) hides behind the input-gradient GEMM and the input gradient's reduce-scatter
+    behind the weight-gradient GEMM, each half of the layer's backward GEMMs; without SP the input gradient's
+    all-reduce hides behind the weight-gradient GEMM."""
+    plan = ctx.plan
+    hide = ctx.calib.overlap_eff * bwd_gemm / (2 * n)  # one half's dgrad or wgrad GEMMs
+    if not plan.sp:
+        return n * max(one - hide, 0.0)
+    fp8_input = plan.precision == "fp8" and ctx.stack.fp8_linear == "te"
+    gather_in = collective_time("all_gather", msg / plan.act_bytes if fp8_input else msg, size=plan.tp,
+                                link=ctx.links.tp, calib=ctx.calib)
+    gather_grad = collective_time("all_gather", msg, size=plan.tp, link=ctx.links.tp, calib=ctx.calib)
+    scatter = collective_time("reduce_scatter", msg, size=plan.tp, link=ctx.links.tp, calib=ctx.calib)
+    return n * (gather_grad + max(gather_in - hide, 0.0) + max(scatter - hide, 0.0))
 
 
 def ep_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx) -> float:

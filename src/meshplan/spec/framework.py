@@ -28,7 +28,7 @@ BEHAVIOUR_FIELDS = ("kernel_library", "fused_kernels", "eager_dtensor", "flash_a
                     "overlap_grad_reduce", "overlap_param_gather", "accumulate_unsharded_grads", "tp_comm_overlap",
                     "tp_comm_overlap_supported", "selective_policy", "fused_optimizer", "grad_dtype",
                     "optimizer_dtype", "default_micro_batch", "shards_experts", "fp8_linear", "fp8_params",
-                    "fp8_fsdp_gather", "cp_step_bytes", "cp_repeats_kv")
+                    "fp8_fsdp_gather", "cp_step_bytes", "cp_repeats_kv", "tp_backward_async")
 """The fields that change a prediction (a recipe or a CLI flag may override them); the rest describe the preset."""
 CAPABILITY_FIELDS = ("tensor_parallel", "context_parallel", "expert_parallel", "schedules", "max_zero_with_pp",
                      "recompute_modes", "dp_syncs")
@@ -90,6 +90,11 @@ class FrameworkProfile:
     """TP collectives overlap GEMMs (Megatron/TE userbuffers ``--tp-comm-overlap``, torch async-TP)."""
     tp_comm_overlap_supported: bool = False
     """The stack can overlap TP communication at all (a plan may switch it on)."""
+    tp_backward_async: bool = False
+    """Without TP overlap, the column-parallel layers' backward collectives still run beside their GEMMs: with
+    SP the re-gather of the saved input beside the input-gradient GEMM and the input gradient's reduce-scatter
+    beside the weight-gradient GEMM (only the output gradient's gather waits); without SP the input gradient's
+    all-reduce beside the weight-gradient GEMM. False = every backward collective blocks."""
     selective_policy: str = "attention"
     """What ``recompute = "selective"`` recomputes: ``attention`` (Megatron: the attention core), ``op``
     (torchtitan's per-op policy: every other matmul and all elementwise ops; attention outputs kept) or
@@ -158,7 +163,7 @@ class FrameworkProfile:
         for name in ("fused_kernels", "eager_dtensor", "flash_attention", "overlap_grad_reduce",
                      "overlap_param_gather", "accumulate_unsharded_grads", "tp_comm_overlap",
                      "tp_comm_overlap_supported", "fused_optimizer", "shards_experts", "fp8_params",
-                     "fp8_fsdp_gather", "cp_repeats_kv"):
+                     "fp8_fsdp_gather", "cp_repeats_kv", "tp_backward_async"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"framework.{name}", getattr(self, name), "must be true or false")
         for name, opts in (("context_parallel", CP_KINDS), ("recompute_modes", RECOMPUTE_MODES),
