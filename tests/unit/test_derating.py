@@ -104,7 +104,9 @@ def test_a_straggler_is_left_out_when_that_pays(plan_8b, capsys):
     assert doc["current"]["step_time_s"] > 1.5 * rated and doc["slow_gpus"] == [[17, 0.5]]
     chosen = doc["options"][doc["choice"] - 1]
     idle = set(range(128)) - set(chosen["rank_map"]["gpu_of_rank"])
-    assert chosen["step_time_s"] < rated and idle == set(range(16, 24))  # the straggler's node idles
+    assert idle == set(range(16, 24))  # the straggler's node idles
+    # leaving it out pays, and costs at most the share of GPUs it idles (the 120 left re-plan their layout)
+    assert chosen["step_time_s"] < doc["current"]["step_time_s"] and chosen["step_time_s"] < rated * 128 / 120
 
 
 @pytest.mark.parametrize("flag, value, field", [
