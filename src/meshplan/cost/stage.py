@@ -120,9 +120,10 @@ def tp_comm(layer: LayerSpec, ops: LayerOps, ctx: Ctx, *, fwd_gemm: float, bwd_g
                  + collective_time("reduce_scatter", msg, size=plan.tp, link=ctx.links.tp, calib=ctx.calib))
     overlap = ctx.stack.tp_comm_overlap
     f = _overlapped(n * one_f, fwd_gemm, overlap=overlap, chunks=plan.tp, calib=ctx.calib)
-    b = _overlapped(n * one, bwd_gemm, overlap=overlap, chunks=plan.tp, calib=ctx.calib)
     if ctx.stack.tp_backward_async and not overlap:
         b = _async_backward(n, msg, ctx, bwd_gemm=bwd_gemm, one=one)
+    else:
+        b = _overlapped(n * one, bwd_gemm, overlap=overlap, chunks=plan.tp, calib=ctx.calib)
     sync = (2 * n if plan.sp else n) * ctx.calib.sync_s  # host wake-up per blocking call (0 on GPUs)
     return f + sync, b + sync
 
