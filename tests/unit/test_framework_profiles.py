@@ -42,8 +42,10 @@ def test_plan_holds_no_stack_behaviour():
     ("megatron-bridge", "25.11", "megatron-bridge"), ("deepspeed", "2021", "deepspeed-2021"),
     ("deepspeed", "0.16", "megatron-deepspeed"), ("torchtitan", "2024-12", "torchtitan"),
     ("llm-foundry", "", "llm-foundry"), ("fms-fsdp", "", "fms-fsdp"), ("meta-internal", "", "megatron-core"),
-    ("MosaicML llm-foundry", "", "llm-foundry"), ("IBM fms_fsdp", "", "fms-fsdp"),  # the longest name within
+    ("MosaicML llm-foundry", "", "llm-foundry"), ("IBM fms_fsdp", "", "fms-fsdp"),  # the first name within
     ("Megatron-DeepSpeed", "", "megatron-deepspeed"), ("NVIDIA NeMo", "", "nemo"),
+    ("NeMo/Megatron-Core", "", "nemo"), ("Megatron-Bridge / Megatron-Core", "", "megatron-bridge"),
+    ("torchtitan (FSDP2)", "", "torchtitan"), ("verl + Megatron-Core", "", "megatron-core"),
 ])
 def test_profile_from_the_framework_columns(stack, version, want):
     profile, note = catalog.framework_for(stack, version)

@@ -139,3 +139,19 @@ def test_plan_json_says_where_the_memory_limit_comes_from():
                  SearchRequest(global_batch=8, seq_len=256, framework=NEMO, top=1))
     doc = json.loads(json.dumps(result_json(res)))
     assert doc["memory_limit"] == {"fraction": stack_limit("nemo").fraction, "why": stack_limit("nemo").why}
+
+
+def test_the_loss_kernel_sets_the_logits_bytes():
+    # Megatron's vocab-parallel cross-entropy keeps 16-bit logits and its fp32 softmax (6 B a logit); torch's
+    # F.cross_entropy on .float() logits holds the log-softmax, its gradient and the input gradient (12 B), and
+    # loss_parallel under TP one more fp32 temporary (16 B). torchtitan's Dec-2024 code compiles the blocks, not the
+    # loss: its compiled preset pays the eager loss.
+    from meshplan.cost.memory import logits_bytes
+
+    m = catalog.model("llama3.1-8b")
+    plan = Plan(global_batch=4, seq_len=65536, cp=2, dp=4, zero=3)
+    logits = 65536 / 2 * 128256
+    assert logits_bytes(m, plan, MCORE) == pytest.approx(6 * logits)
+    assert logits_bytes(m, plan, TITAN) == pytest.approx(12 * logits)
+    assert logits_bytes(m, plan, catalog.framework("torchtitan-compiled")) == pytest.approx(12 * logits)
+    assert logits_bytes(m, plan.with_(tp=2, cp=1, dp=4, sp=True), TITAN) == pytest.approx(16 * 65536 * 128256 / 2)

@@ -269,25 +269,26 @@ def infer_mtp(row: dict, model: ModelSpec, plan: Plan) -> ModelSpec:
                key=lambda m: abs(model_flops(m, plan) / tokens - counted))
 
 
-def row_to_run(row: dict) -> Run:
-    """Translate one CSV row: its model, cluster, stack profile and layout, with the matching recipes applied;
-    raises MeshplanError with the reason when it cannot be expressed, its field named ``ROWID.COLUMN``."""
+def row_to_run(row: dict, *, model: ModelSpec | None = None) -> Run:
+    """Translate one CSV row: its model (``model`` where the caller resolved it from a catalog, else the row's
+    columns), cluster, stack profile and layout, with the matching recipes applied; raises MeshplanError with the
+    reason when it cannot be expressed, its field named ``ROWID.COLUMN``."""
     rid = (row.get("id") or "").strip() or "?"
     try:
-        return _row_to_run(row, rid)
+        return _row_to_run(row, rid, model)
     except SpecError as exc:
         if exc.field == rid or exc.field.startswith(f"{rid}."):
             raise
         raise SpecError(f"{rid}.{exc.field}", exc.value, exc.expected, exc.suggestions) from None
 
 
-def _row_to_run(row: dict, rid: str) -> Run:
+def _row_to_run(row: dict, rid: str, model: ModelSpec | None) -> Run:
     missing = [k for k in REQUIRED if not (row.get(k) or "").strip()]
     if missing:
         others = f" (also empty: {', '.join(missing[1:])})" if missing[1:] else ""
         raise SpecError(f"{rid}.{missing[0]}", row.get(missing[0]) or "", f"is empty: a required column{others}")
     profile, note, recipes = row_profile(row)
-    model, cluster, plan = row_model(row), row_cluster(row), row_plan(row, profile)
+    model, cluster, plan = model or row_model(row), row_cluster(row), row_plan(row, profile)
     plan, note = whole_block_selective(plan, profile, note)
     bad = plan_violations(model, cluster, plan)
     if not bad:
@@ -362,6 +363,15 @@ def csv_rows(path: str | Path, check_header) -> Iterator[tuple[int, dict, str]]:
                 yield reader.line_num, row, why
     except (UnicodeDecodeError, csv.Error) as exc:
         raise SpecError("file", str(p), f"is not a readable CSV ({exc})") from None
+
+
+def csv_header(path: str | Path) -> list[str] | None:
+    """The header row of a CSV file (None when it is empty or unreadable: ``csv_rows`` then says why)."""
+    try:
+        with csv_path(path).open(newline="", encoding="utf-8-sig") as fh:
+            return next(csv.reader(fh), None)
+    except (UnicodeDecodeError, csv.Error):
+        return None
 
 
 def load_runs(path: str | Path) -> tuple[list[Run], list[tuple[str, str]]]:

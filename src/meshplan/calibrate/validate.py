@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from meshplan.calibrate.pairs import Pair, find_pairs, summary
-from meshplan.calibrate.runs import load_runs
+from meshplan.calibrate.longseq import is_longseq_csv, load_longseq_runs
+from meshplan.calibrate.runs import csv_header, load_runs
 from meshplan.cost.estimate import estimate
 
 
@@ -77,8 +79,9 @@ class ValidationReport:
 
 
 def validate_csv(path: str | Path, *, calib: dict | None = None, simulate: bool = False) -> ValidationReport:
-    """Predict every expressible row of a runs CSV (pipelines by closed form, or by the event simulator)."""
-    runs, skipped = load_runs(path)
+    """Predict every expressible row of a runs CSV, or of a long-sequence/offload/multimodal CSV (the rows the
+    training model describes: ``calibrate.longseq``), pipelines by closed form or by the event simulator."""
+    runs, skipped = load_longseq_runs(path) if is_longseq_csv(csv_header(path)) else load_runs(path)
     pipeline = None
     if simulate:
         from meshplan.sim.adapter import simulated_pipeline
@@ -92,3 +95,15 @@ def validate_csv(path: str | Path, *, calib: dict | None = None, simulate: bool 
                               recipes=r.recipes))
     pairs = find_pairs(runs, {r.id: r.predicted_s for r in rows})
     return ValidationReport(rows=tuple(rows), skipped=tuple(skipped), pairs=tuple(pairs))
+
+
+def skip_kinds(skipped: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> dict[str, int]:
+    """How many skipped rows share each reason ("offload: CPU offload is not modelled yet"), its value and close
+    matches left out, most frequent first."""
+    kinds: dict[str, int] = {}
+    for _, why in skipped:
+        m = re.match(r"""[^.\s]+\.(\w+) = ('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\S+): (.*?)(?: \(did you mean.*)?$""",
+                     why)
+        key = f"{m.group(1)}: {m.group(3)}" if m else why
+        kinds[key] = kinds.get(key, 0) + 1
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))

@@ -229,9 +229,10 @@ def framework_for(stack: str, version: str = "") -> tuple[FrameworkProfile, str]
     stack, version = stack.strip().lower().replace("_", "-"), version.strip().lower()
     presets = [framework(n) for n in framework_names()]
     mine = [p for p in presets if stack in p.stacks]
-    if not mine and stack:  # "MosaicML llm-foundry", "IBM fms-fsdp": the longest stack name the text contains
-        named = sorted({s for p in presets for s in p.stacks if s in stack}, key=len)
-        mine = [p for p in presets if named and named[-1] in p.stacks]
+    if not mine and stack:  # "MosaicML llm-foundry", "NeMo/Megatron-Core": the stack the text names first (the
+        # longest name starting there: "megatron-core" before "megatron")
+        named = sorted({s for p in presets for s in p.stacks if s in stack}, key=lambda s: (stack.find(s), -len(s)))
+        mine = [p for p in presets if named and named[0] in p.stacks]
     if version:
         bare = re.sub(r"^v(?=\d)", "", version)  # "v0.5.0" is release 0.5.0 (a preset may list "v2" itself)
         by_version = [p for p in mine if any(version.startswith(v.lower()) or bare.startswith(v.lower())

@@ -7,6 +7,10 @@ import typer
 from meshplan.cli.common import print_json
 
 
+SKIPS_LISTED = 12
+"""Skipped rows listed one by one; more are counted by reason (``--json`` lists every one)."""
+
+
 def render(report, width: int = 80) -> str:
     """Per-row table and the summary line in ``width`` columns."""
     from io import StringIO
@@ -24,8 +28,14 @@ def render(report, width: int = 80) -> str:
         t.add_row(r.id, f"{r.measured_s:.3f}", f"{r.predicted_s:.3f}", f"{r.error_pct:+.1f}",
                   f"{r.peak_memory_gib:.1f}")
     con.print(t)
-    for i, why in report.skipped:
-        con.print(f"skipped {i}: {why}")
+    if len(report.skipped) <= SKIPS_LISTED:
+        for i, why in report.skipped:
+            con.print(f"skipped {i}: {why}")
+    else:  # a file of many kinds of rows (the long-sequence/offload/multimodal set): why, counted; --json lists them
+        from meshplan.calibrate.validate import skip_kinds
+
+        for why, n in skip_kinds(report.skipped).items():
+            con.print(f"skipped {n:3d}: {why}")
     for r in report.rows:  # a stack without a profile is predicted as another's: said, not hidden
         if "no profile" in r.framework:
             con.print(f"note {r.id}: {r.framework}")

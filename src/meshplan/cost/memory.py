@@ -175,14 +175,14 @@ def layer_recompute_mode(plan: Plan, index_on_rank: int) -> str:
 
 
 def logits_bytes(model: ModelSpec, plan: Plan, stack: FrameworkProfile) -> float:
-    """Output-layer memory on the last stage for one micro-batch at its loss backward. Megatron's fused
-    vocab-parallel cross-entropy: 16-bit logits plus the fp32 softmax it keeps (6 bytes per logit). Eager
-    ``F.cross_entropy`` on fp32 logits: the saved log-softmax, ``nll_loss_backward``'s gradient and
+    """Output-layer memory on the last stage for one micro-batch at its loss backward (``stack.loss_kernel``).
+    Megatron's fused vocab-parallel cross-entropy: 16-bit logits plus the fp32 softmax it keeps (6 bytes per
+    logit). Eager ``F.cross_entropy`` on fp32 logits: the saved log-softmax, ``nll_loss_backward``'s gradient and
     ``_log_softmax_backward_data``'s output at once (12 bytes, memcheck). Under tensor parallelism torch's
     ``loss_parallel`` backward computes ``(zeros_like(x) + exp(x)) * grad`` beside the saved log-softmax:
     three fp32 temporaries, 16 bytes (torch.distributed.tensor.parallel.loss, memcheck tp 8)."""
     tokens = plan.micro_batch * plan.seq_len / plan.cp
-    per_logit = 6.0 if not stack.eager_dtensor else (16.0 if plan.tp > 1 else 12.0)
+    per_logit = 6.0 if stack.loss_kernel == "fused" else (16.0 if plan.tp > 1 else 12.0)
     return tokens * model.vocab / plan.tp * per_logit
 
 

@@ -23,12 +23,13 @@ MICRO_BATCH_DEFAULTS = ("one", "pp_stages")
 FP8_LINEARS = ("te", "torchao", "none")
 RECOMPUTE_MODES = ("none", "selective", "full")
 CP_KINDS = ("ring", "a2a")
+LOSS_KERNELS = ("fused", "eager_fp32")
 
 BEHAVIOUR_FIELDS = ("kernel_library", "fused_kernels", "eager_dtensor", "flash_attention", "sharding", "zero_gather",
                     "overlap_grad_reduce", "overlap_param_gather", "accumulate_unsharded_grads", "tp_comm_overlap",
                     "tp_comm_overlap_supported", "selective_policy", "fused_optimizer", "grad_dtype",
                     "optimizer_dtype", "default_micro_batch", "shards_experts", "fp8_linear", "fp8_params",
-                    "fp8_fsdp_gather", "cp_step_bytes", "cp_repeats_kv", "tp_backward_async")
+                    "fp8_fsdp_gather", "cp_step_bytes", "cp_repeats_kv", "tp_backward_async", "loss_kernel")
 """The fields that change a prediction (a recipe or a CLI flag may override them); the rest describe the preset."""
 CAPABILITY_FIELDS = ("tensor_parallel", "context_parallel", "expert_parallel", "schedules", "max_zero_with_pp",
                      "recompute_modes", "dp_syncs")
@@ -61,6 +62,10 @@ class FrameworkProfile:
     """The model runs as eager PyTorch modules with DTensor tensor parallelism, FSDP2 and torch's loss: autograd
     keeps what eager PyTorch keeps (repeated kv heads, SiLU outputs, fp32 RoPE tables, the all-gathered input of
     a ColwiseParallel linear, a replicated embedding gradient, unfused cross-entropy temporaries)."""
+    loss_kernel: str = "fused"
+    """How the cross-entropy runs: ``fused`` (Megatron's vocab-parallel cross-entropy or another fused kernel:
+    16-bit logits and the fp32 softmax it keeps) or ``eager_fp32`` (torch ``F.cross_entropy`` on logits cast to
+    fp32: the saved log-softmax, its gradient and the input gradient at once; more under ``loss_parallel``)."""
     flash_attention: bool = True
     """Attention runs as one fused flash kernel (Dao et al. 2022); False = separate QK^T, softmax and AV kernels
     that materialize the score matrix."""
@@ -157,7 +162,8 @@ class FrameworkProfile:
         for name, opts in (("kernel_library", KERNEL_LIBRARIES), ("sharding", SHARDINGS),
                            ("zero_gather", ZERO_GATHERS), ("selective_policy", SELECTIVE_POLICIES),
                            ("grad_dtype", STATE_DTYPES), ("optimizer_dtype", STATE_DTYPES),
-                           ("default_micro_batch", MICRO_BATCH_DEFAULTS), ("fp8_linear", FP8_LINEARS)):
+                           ("default_micro_batch", MICRO_BATCH_DEFAULTS), ("fp8_linear", FP8_LINEARS),
+                           ("loss_kernel", LOSS_KERNELS)):
             if getattr(self, name) not in opts:
                 raise SpecError(f"framework.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
         for name in ("fused_kernels", "eager_dtensor", "flash_attention", "overlap_grad_reduce",
