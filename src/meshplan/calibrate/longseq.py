@@ -11,6 +11,7 @@ multimodal modules, variable lengths, capacity or ratio metrics, abstract-level 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from meshplan import catalog
@@ -241,3 +242,43 @@ def load_longseq_runs(path: str | Path) -> tuple[list[Run], list[tuple[str, str]
     if not runs and not skipped:
         raise SpecError("file", str(path), "has no rows")
     return runs, skipped
+
+
+LONGSEQ_CSV = "longseq_offload_mm.csv"
+"""The set's file name beside ``runs_visible.csv`` in ``shared/validation``."""
+
+
+def same_job(a: Run, b: Run) -> bool:
+    """Two rows of one published measurement: the GPU, the model's shape, the layout, the sequence and batch, and
+    the step within 1 %."""
+    pa, pb = a.plan, b.plan
+    keys = ("tp", "pp", "dp", "cp", "ep", "seq_len", "global_batch")
+    return (a.cluster.gpu.name == b.cluster.gpu.name and (a.model.n_layers, a.model.hidden) == (b.model.n_layers,
+            b.model.hidden) and all(getattr(pa, k) == getattr(pb, k) for k in keys)
+            and abs(a.measured_s / b.measured_s - 1) < 0.01)
+
+
+def documents(text: str) -> set[str]:
+    """The published documents a source cell names (``llama3_h100_202412_torchtitan.md``)."""
+    return set(re.findall(r"[\w.-]+\.md\b", text.lower()))
+
+
+def anchor_runs(visible: list[Run], folder: str | Path) -> list[Run]:
+    """The long-sequence rows a joint calibration would add to the visible runs (``benchmarks/bench_longseq_fit.py``
+    weighs it; the shipped fit does not, README "Long sequences"): the rows of ``folder``'s long-sequence set that
+    the training model predicts, less those the visible runs already hold; empty when the folder has no such file.
+    Each id is prefixed with its source as the visible ids are (``calibrate.loso.source_of`` groups by it): the
+    visible source that cites the same document, so that leaving that source out leaves its long-sequence rows out
+    too, else ``longseq``."""
+    path = Path(folder) / LONGSEQ_CSV
+    if not path.is_file():
+        return []
+    runs, _ = load_longseq_runs(path)
+    cited = {doc: v.id.split("-")[0] for v in visible for doc in documents(v.row.get("source") or "")}
+    out = []
+    for r in runs:
+        if any(same_job(r, v) for v in visible):
+            continue
+        group = next((cited[d] for d in sorted(documents(r.row.get("source") or "")) if d in cited), "longseq")
+        out.append(replace(r, id=f"{group}-{r.id}"))
+    return out
