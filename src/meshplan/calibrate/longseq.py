@@ -128,7 +128,8 @@ def logged_flops(model: ModelSpec, seq: int, batch: int, attention: str) -> floa
     q_ratio = att.n_heads * att.head_dim / h
     scores = seq / h / (2 if attention == "causal" else 1)
     gated = 1.5 if layer.gated else 1.0
-    per = (1 + att.n_kv_heads / att.n_heads + scores) * q_ratio + layer.ffn_hidden / h * gated + model.vocab / (2 * n * h)
+    per = ((1 + att.n_kv_heads / att.n_heads + scores) * q_ratio + layer.ffn_hidden / h * gated
+           + model.vocab / (2 * n * h))
     return 12.0 * batch * seq * n * h * h * per
 
 

@@ -6,7 +6,6 @@ import typer
 
 from meshplan.cli.common import print_json
 
-
 SKIPS_LISTED = 12
 """Skipped rows listed one by one; more are counted by reason (``--json`` lists every one)."""
 
@@ -67,12 +66,14 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def validate(
-        csv_file: str = typer.Argument(..., help="Training runs CSV (schema of shared/validation/runs_visible.csv) "
-                                       "or serving measurements (schema of inference_visible.csv)."),
+        csv_file: str = typer.Argument(..., help="Training runs CSV (schema of shared/validation/runs_visible.csv), "
+                                       "the long-sequence/offload/multimodal set (longseq_offload_mm.csv: its "
+                                       "long-sequence training rows) or serving measurements (inference_visible.csv)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
         simulate: bool = typer.Option(False, "--simulate", help="Pipelines by the event simulator."),
     ) -> None:
-        """Predict every row of a published-runs or serving CSV and report signed errors, MAPE, median and max."""
+        """Predict every row of a published-runs, long-sequence or serving CSV and report signed errors, MAPE, median
+        and max (rows a model cannot describe are skipped with the reason)."""
         from meshplan.calibrate.runs import csv_path
         from meshplan.calibrate.validate import validate_csv
 
