@@ -173,3 +173,17 @@ def test_long_sequence_rows_stay_within_their_bounds():
     # out up to 24 % fast (README, "Long sequences"); these bounds keep that from growing unnoticed.
     report = validate_csv(LONGSEQ)
     assert report.mape <= 15.0 and report.max_ape <= 30.0, (report.mape, report.max_ape)
+
+
+def test_a_file_of_another_schema_or_no_rows_is_refused(tmp_path):
+    runs = tmp_path / "runs.csv"
+    runs.write_text("id,arch,n_layers\nx,dense,2\n")
+    with pytest.raises(SpecError, match="not a long-sequence/offload/multimodal CSV: missing columns source"):
+        load_longseq_runs(runs)
+    empty = tmp_path / "longseq.csv"
+    empty.write_text(",".join(["id", "source", "url_or_repo_path", "model", "gpu", "n_gpus", "tp", "pp", "dp", "cp",
+                               "ep", "seq_len_or_dist", "offload", "precision", "framework", "metric", "value",
+                               "unit", "notes"]) + "\n")
+    with pytest.raises(SpecError, match="has no rows"):
+        load_longseq_runs(empty)
+    assert main(["validate", str(empty)]) == 2

@@ -15,8 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from meshplan import catalog
-from meshplan.calibrate.runs import Run, csv_rows, row_to_run
-from meshplan.errors import MeshplanError, SpecError, close_matches
+from meshplan.calibrate.runs import Run, read_runs, row_to_run
+from meshplan.errors import SpecError, close_matches
 from meshplan.spec.framework import FrameworkProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import precision_name
@@ -225,7 +225,6 @@ def longseq_run(row: dict) -> Run:
 
 def load_longseq_runs(path: str | Path) -> tuple[list[Run], list[tuple[str, str]]]:
     """Every row the training model predicts, as runs, and the (id, reason) of every other row."""
-    runs, skipped = [], []
 
     def check(header: list[str] | None) -> None:
         missing = [c for c in COLUMNS if c not in (header or ())]
@@ -233,16 +232,7 @@ def load_longseq_runs(path: str | Path) -> tuple[list[Run], list[tuple[str, str]
             raise SpecError("file", str(path), f"is not a long-sequence/offload/multimodal CSV: missing columns "
                             f"{', '.join(missing)} (the schema of shared/validation/longseq_offload_mm.csv)")
 
-    for line, row, why in csv_rows(path, check):
-        try:
-            if why:
-                raise MeshplanError(why)
-            runs.append(longseq_run(row))
-        except MeshplanError as exc:
-            skipped.append((row.get("id") or f"line {line}", str(exc)))
-    if not runs and not skipped:
-        raise SpecError("file", str(path), "has no rows")
-    return runs, skipped
+    return read_runs(path, check, longseq_run)
 
 
 LONGSEQ_CSV = "longseq_offload_mm.csv"

@@ -376,12 +376,18 @@ def csv_header(path: str | Path) -> list[str] | None:
 
 def load_runs(path: str | Path) -> tuple[list[Run], list[tuple[str, str]]]:
     """All expressible runs of a CSV and the (id, reason) of every skipped row."""
+    return read_runs(path, lambda header: _check_columns(str(path), header), row_to_run)
+
+
+def read_runs(path: str | Path, check_header, to_run) -> tuple[list[Run], list[tuple[str, str]]]:
+    """``to_run`` of every row of a CSV whose header ``check_header`` accepts, and the (id, reason) of every row it
+    refuses (a one-line MeshplanError); an empty file is refused."""
     runs, skipped = [], []
-    for line, row, why in csv_rows(path, lambda header: _check_columns(str(path), header)):
+    for line, row, why in csv_rows(path, check_header):
         try:
             if why:
                 raise MeshplanError(why)
-            runs.append(row_to_run(row))
+            runs.append(to_run(row))
         except MeshplanError as exc:
             skipped.append((row.get("id") or f"line {line}", str(exc)))
     if not runs and not skipped:
