@@ -99,6 +99,9 @@ def test_measurements_become_step_times():
     assert measured_step(row, model=m, stack=nemo, seq=1048576, batch=4, n_gpus=1024) == pytest.approx(want)
     with pytest.raises(SpecError, match="counting convention"):
         measured_step(row, model=m, stack=catalog.framework("megatron-core"), seq=4096, batch=1, n_gpus=8)
+    bridge = catalog.framework("megatron-bridge")  # Megatron-Bridge counts half the score matrix
+    want = logged_flops(m, 1048576, 4, "causal") / (536e12 * 1024)
+    assert measured_step(row, model=m, stack=bridge, seq=1048576, batch=4, n_gpus=1024) == pytest.approx(want)
 
 
 def _row(**cells) -> dict:

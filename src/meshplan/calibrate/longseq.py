@@ -109,12 +109,15 @@ def recompute_of(notes: str) -> str:
     return {"no": "none"}.get(m.group(1).lower(), m.group(1).lower()) if m else ""
 
 
-LOGGED_FLOPS_ATTENTION = {"nemo": "full"}
+LOGGED_FLOPS_ATTENTION = {"nemo": "full", "megatron-bridge": "causal"}
 """How a stack's logged TFLOP/s counts core attention, for the stacks whose convention is known at the rows'
 releases: NeMo's FLOPs callback (NVIDIA/NeMo nemo/utils/flops_formulas.py llama2/llama3, the 24.x/25.0x
-releases: ``12 * enc_seq_len / hs``, the full s^2 score matrix, causal or not). Megatron-LM counted the full
-matrix too until core_r0.12.0 and half of it since (training.py num_floating_point_operations, commit 8873b55d,
-2025-03-06); its rows do not say their release, so their TFLOP/s are not read."""
+releases: ``12 * enc_seq_len / hs``, the full s^2 score matrix, causal or not); Megatron-Bridge's from its first
+release on (NVIDIA-NeMo/Megatron-Bridge v0.2.0 src/megatron/bridge/training/utils/flop_utils.py
+num_floating_point_operations: ``seq_length / hidden_size / 2``, half the matrix; the pre-release July 2025 file
+counted it whole). Megatron-LM counted the full matrix until core_r0.12.0 and half of it since (training.py
+num_floating_point_operations, commit 8873b55d, 2025-03-06); its rows do not say their release, so their TFLOP/s
+are not read."""
 
 
 def logged_flops(model: ModelSpec, seq: int, batch: int, attention: str) -> float:
@@ -156,7 +159,7 @@ def measured_step(row: dict, *, model: ModelSpec, stack: FrameworkProfile, seq: 
     attention = LOGGED_FLOPS_ATTENTION.get(stack.name)
     if attention is None:
         raise SpecError("metric", metric, f"{stack.name}'s TFLOP/s counting convention at the row's release is not "
-                        "known (only NeMo's is read)")
+                        f"known (read for {', '.join(LOGGED_FLOPS_ATTENTION)})")
     return logged_flops(model, seq, batch, attention) / (value * 1e12 * n_gpus)
 
 
