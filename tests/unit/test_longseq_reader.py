@@ -120,6 +120,12 @@ def test_a_row_becomes_its_layout_under_its_stack():
     assert run.measured_s == pytest.approx(logged_flops(run.model, 32768, 128, "full") / (610e12 * 32))
 
 
+@pytest.mark.parametrize("offload", ["", "none", "none (PyTorch baseline)", "FSDP (no offload) (user label)",
+                                     "Megatron HybridDeviceOptimizer: disabled"])
+def test_an_offload_cell_that_says_none_keeps_the_row(offload):
+    assert longseq_run(_row(offload=offload)).plan.cp == 2
+
+
 @pytest.mark.parametrize("cells,field", [
     ({"offload": "ZeRO-3 Offload"}, "X1.offload"), ({"metric": "max_seq_len"}, "X1.metric"),
     ({"tp": ""}, "X1.tp"), ({"model": "Qwen3-Next 80B-A3B"}, "X1.model"),

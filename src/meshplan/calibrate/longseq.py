@@ -29,8 +29,9 @@ STEP_METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "tokens_per_s", "step_
 """Metrics a predicted step time answers; the others (largest model or sequence that fits, ratios to a run
 without offload, memory saved) are not step times."""
 
-NO_OFFLOAD = ("", "none", "none (baseline)", "none (pytorch baseline)")
-"""``offload`` cells that say the run keeps everything on the GPU."""
+NO_OFFLOAD = re.compile(r"^\s*$|^none\b|\bno offload\b|\bdisabled\b", re.IGNORECASE)
+"""An ``offload`` cell that says the run keeps everything on the GPU: empty, ``none (baseline)``, ``FSDP (no
+offload)``, ``HybridDeviceOptimizer: disabled``."""
 
 ZERO_OF_SHARDING = {"megatron_dist_opt": 1, "fsdp1": 3, "fsdp2": 3, "none": 0}
 """The ZeRO stage a stack runs when the row does not say: its profile's sharding (DeepSpeed's stage is a config
@@ -180,8 +181,7 @@ def runs_row(row: dict, model: ModelSpec) -> dict:
     is known): the catalog model's dimensions, the row's layout, the stack's ZeRO stage, sequence parallelism
     under TP (Megatron's and torchtitan's TP plans), and its source, precision and notes as the text recipes
     match."""
-    offload = (row.get("offload") or "").strip().lower()
-    if offload not in NO_OFFLOAD:
+    if not NO_OFFLOAD.search(row.get("offload") or ""):
         raise SpecError("offload", row.get("offload"), "CPU offload is not modelled yet")
     metric = (row.get("metric") or "").strip()
     if metric not in STEP_METRICS:
