@@ -21,6 +21,7 @@ from meshplan.calibrate.longseq import (
     logged_flops,
     longseq_run,
     measured_step,
+    published_value,
     recompute_of,
     row_precision,
 )
@@ -196,3 +197,10 @@ def test_a_file_of_another_schema_or_no_rows_is_refused(tmp_path):
     with pytest.raises(SpecError, match="has no rows"):
         load_longseq_runs(empty)
     assert main(["validate", str(empty)]) == 2
+
+
+def test_published_values_read_approximate_numbers_and_ranges():
+    assert [published_value(t) for t in ("536", "~300", "16-21", "15.4-16.7")] == [536, 300, 18.5, 16.05]
+    for bad in ("", "n/a", "-3", "0", "1e400x"):
+        with pytest.raises(SpecError, match="positive number"):
+            published_value(bad)

@@ -137,16 +137,20 @@ def logged_flops(model: ModelSpec, seq: int, batch: int, attention: str) -> floa
     return 12.0 * batch * seq * n * h * h * per
 
 
+def published_value(text: str) -> float:
+    """A measurement as the set writes it: a number, an approximate one (``~300``), or a range (``16-21``: its
+    midpoint)."""
+    m = re.fullmatch(r"\s*[~≈]?\s*(\d+(?:\.\d+)?)(?:\s*[-–]\s*(\d+(?:\.\d+)?))?\s*", text)
+    if not m or not float(m.group(1)) > 0:
+        raise SpecError("value", text, "must be a positive number, ~number or range a-b")
+    lo = float(m.group(1))
+    return (lo + float(m.group(2))) / 2 if m.group(2) else lo
+
+
 def measured_step(row: dict, *, model: ModelSpec, stack: FrameworkProfile, seq: int, batch: int,
                   n_gpus: int) -> float:
     """The row's measurement as seconds per step of ``batch`` sequences of ``seq`` tokens."""
-    metric = (row.get("metric") or "").strip()
-    try:
-        value = float(row.get("value") or "nan")
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise SpecError("value", row.get("value"), "must be a positive number")
+    metric, value = (row.get("metric") or "").strip(), published_value(row.get("value") or "")
     if metric == "tokens_per_s_per_gpu":
         return batch * seq / (value * n_gpus)
     if metric == "tokens_per_s":
