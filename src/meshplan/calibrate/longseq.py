@@ -182,9 +182,9 @@ def _layout(row: dict) -> dict[str, int]:
 
 def runs_row(row: dict, model: ModelSpec) -> dict:
     """The row in the runs-CSV schema (step_time_s left at 1: the measurement is converted once the stack profile
-    is known): the catalog model's dimensions, the row's layout, the stack's ZeRO stage, sequence parallelism
-    under TP (Megatron's and torchtitan's TP plans), and its source, precision and notes as the text recipes
-    match."""
+    is known): the catalog model's dimensions, the row's layout on its GPU's nodes, the stack's ZeRO stage,
+    sequence parallelism under TP (Megatron's and torchtitan's TP plans), and its source, precision and notes as
+    the text recipes match."""
     if not NO_OFFLOAD.search(row.get("offload") or ""):
         raise SpecError("offload", row.get("offload"), "CPU offload is not modelled yet")
     metric = (row.get("metric") or "").strip()
@@ -197,15 +197,15 @@ def runs_row(row: dict, model: ModelSpec) -> dict:
     if stack.sharding not in ZERO_OF_SHARDING:
         raise SpecError("framework", framework, f"{stack.name} shards by its config ({stack.sharding}), and the row "
                         "does not say how")
-    text = f"{row.get('source', '')}; {row.get('precision', '')}; {notes}"
+    text, gpu = f"{row.get('source', '')}; {row.get('precision', '')}; {notes}", catalog_gpu(row.get("gpu") or "")
     where = " ".join(re.sub(r"[()]", " ", f"{row.get('source', '')} {row.get('url_or_repo_path', '')}").split())
     return {"id": row.get("id", ""), "source": where,
             "model": row.get("model", ""), "arch": "moe" if model.is_moe else "dense", "n_layers": str(model.n_layers),
             "hidden": str(model.hidden), "ffn_hidden": str(model.decoder.ffn_hidden),
             "n_heads": str(att.n_heads if att else 1), "n_kv_heads": str(att.n_kv_heads if att else 1),
             "vocab": str(model.vocab), "seq_len": str(seq),
-            "global_batch": str(global_batch(notes, lay["dp"], lay["pp"])), "gpu": catalog_gpu(row.get("gpu") or ""),
-            "n_gpus": str(lay["n_gpus"]), "gpus_per_node": "8", "tp": str(lay["tp"]), "pp": str(lay["pp"]),
+            "global_batch": str(global_batch(notes, lay["dp"], lay["pp"])), "gpu": gpu, "n_gpus": str(lay["n_gpus"]),
+            "gpus_per_node": str(catalog.gpu(gpu).gpus_per_node), "tp": str(lay["tp"]), "pp": str(lay["pp"]),
             "dp": str(lay["dp"]), "cp": str(lay["cp"]), "ep": str(lay["ep"]),
             "zero": str(ZERO_OF_SHARDING[stack.sharding]), "recompute": recompute_of(notes),
             "sp": "1" if lay["tp"] > 1 else "0", "precision": row_precision(row.get("precision") or ""),
