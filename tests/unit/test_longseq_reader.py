@@ -119,6 +119,9 @@ def test_a_row_becomes_its_layout_under_its_stack():
     assert (run.framework.name, p.tp, p.sp, p.cp, p.dp, p.zero, p.precision, p.global_batch, p.seq_len) == (
         "nemo", 2, True, 2, 8, 1, "fp8", 128, 32768)
     assert run.measured_s == pytest.approx(logged_flops(run.model, 32768, 128, "full") / (610e12 * 32))
+    assert run.cluster.pools[0].gpus_per_node == 8
+    gb = longseq_run(_row(gpu="GB200", framework="Megatron-Bridge / Megatron-Core"))
+    assert (gb.cluster.pools[0].gpus_per_node, gb.framework.name) == (4, "megatron-bridge")  # NVL72 trays of 4
 
 
 @pytest.mark.parametrize("offload", ["", "none", "none (PyTorch baseline)", "FSDP (no offload) (user label)",
