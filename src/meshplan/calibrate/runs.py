@@ -10,17 +10,16 @@ lists them. A row that cannot be expressed is returned with the reason.
 
 from __future__ import annotations
 
-import csv
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
 
 from meshplan import catalog
+from meshplan.calibrate.csvfile import csv_rows
 from meshplan.calibrate.run_cells import flag, note_int, whole, zero_stage
 from meshplan.cost.flops import model_flops
 from meshplan.cost.stage import mtp_depth
-from meshplan.errors import MeshplanError, SpecError, shown
+from meshplan.errors import MeshplanError, SpecError
 from meshplan.spec.checks import plan_violations, stack_violations
 from meshplan.spec.cluster import ClusterSpec, Pool
 from meshplan.spec.framework import BEHAVIOUR_FIELDS, FrameworkProfile
@@ -317,61 +316,6 @@ def _float(row: dict, key: str) -> float:
     if v != v or v in (float("inf"), float("-inf")):
         raise SpecError(key, row[key], "must be a finite number")
     return v
-
-
-def csv_path(path: str | Path) -> Path:
-    """``path`` as a CSV file to read, or a one-line error: empty, a folder, missing, not a regular file."""
-    if not str(path).strip():
-        raise SpecError("file", str(path), "is empty: name a CSV file")
-    p = Path(path)
-    if p.is_dir():
-        raise SpecError("file", str(p), "is a folder; give a CSV file")
-    if not p.exists():
-        raise SpecError("file", str(p), "no such file")
-    if not p.is_file():
-        raise SpecError("file", str(p), "is not a regular file; give a CSV file")
-    return p
-
-
-def csv_rows(path: str | Path, check_header) -> Iterator[tuple[int, dict, str]]:
-    """The data rows of a CSV as (line, row, why), every cell of the row stripped of surrounding blanks; ``why``
-    is empty, or says why the row cannot be read (more cells than the header names, unless the last column is the
-    free-text ``notes``, which an unquoted comma splits and which takes them back: the caller skips it).
-    ``check_header(fieldnames)`` refuses a header first; one naming a column twice is refused here. Read as UTF-8,
-    a leading byte-order mark dropped."""
-    p = csv_path(path)
-    try:
-        with p.open(newline="", encoding="utf-8-sig") as fh:
-            reader = csv.DictReader(fh)
-            header = list(reader.fieldnames or ())
-            dup = next((c for i, c in enumerate(header) if c in header[:i]), None)
-            if dup is not None:
-                raise SpecError("file", str(p), f"names column {dup!r} twice in its header: which cell counts is "
-                                "ambiguous; keep one")
-            check_header(reader.fieldnames)
-            for row in reader:
-                extra = row.pop(None, None)  # DictReader's restkey: cells beyond the header
-                row = {k: v.strip() if isinstance(v, str) else v for k, v in row.items()}
-                why = ""
-                if extra is not None and header[-1] == "notes":  # an unquoted comma in the free-text notes
-                    row["notes"] = ",".join([row.get("notes") or "", *extra]).strip()
-                elif extra is not None:
-                    rid = row.get("id") or f"line {reader.line_num}"
-                    why = str(SpecError(f"{rid}.cells", len(header) + len(extra), f"line {reader.line_num} has more "
-                                        f"cells than the {len(header)} columns its header names (a stray comma or "
-                                        f"a value without a column: {shown(extra)})"))
-                yield reader.line_num, row, why
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise SpecError("file", str(p), f"is not a readable CSV ({exc})") from None
-
-
-def csv_header(path: str | Path) -> list[str] | None:
-    """The header row of a CSV file (None when it is empty or unreadable: ``csv_rows`` then says why)."""
-    try:
-        with csv_path(path).open(newline="", encoding="utf-8-sig") as fh:
-            return next(csv.reader(fh), None)
-    except (UnicodeDecodeError, csv.Error):
-        return None
 
 
 def load_runs(path: str | Path) -> tuple[list[Run], list[tuple[str, str]]]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshplan import catalog
-from meshplan.calibrate.runs import csv_rows
+from meshplan.calibrate.csvfile import csv_rows
 from meshplan.cost.serve_capacity import sustainable_rate
 from meshplan.cost.serve_load import ServePrediction, fit_check, predict_load
 from meshplan.cost.serve_sizing import sized_engine, with_cap

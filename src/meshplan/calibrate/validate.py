@@ -7,9 +7,10 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshplan.calibrate.csvfile import csv_header
 from meshplan.calibrate.longseq import is_longseq_csv, load_longseq_runs
 from meshplan.calibrate.pairs import Pair, find_pairs, summary
-from meshplan.calibrate.runs import csv_header, load_runs
+from meshplan.calibrate.runs import load_runs
 from meshplan.cost.estimate import estimate
 
 

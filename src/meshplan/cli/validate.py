@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Predict every row of a published-runs, long-sequence or serving CSV and report signed errors, MAPE, median
         and max (rows a model cannot describe are skipped with the reason)."""
-        from meshplan.calibrate.runs import csv_path
+        from meshplan.calibrate.csvfile import csv_path
         from meshplan.calibrate.validate import validate_csv
 
         csv_path(csv_file)  # empty, a folder, missing: said before the header is sniffed
@@ -98,19 +98,12 @@ def register(app: typer.Typer) -> None:
 
 def _is_serving(path: str) -> bool:
     """The file is a serving-measurements CSV (it names the serving columns in its header)."""
-    import csv
     from pathlib import Path
 
+    from meshplan.calibrate.csvfile import csv_header
     from meshplan.calibrate.serve_validate import is_serving_csv
 
-    p = Path(path)
-    if not p.is_file():
-        return False
-    try:
-        with p.open(newline="", encoding="utf-8-sig") as fh:
-            return is_serving_csv(next(csv.reader(fh), None))
-    except (UnicodeDecodeError, csv.Error):
-        return False
+    return Path(path).is_file() and is_serving_csv(csv_header(path))
 
 
 def _validate_serving(path: str, as_json: bool) -> None:

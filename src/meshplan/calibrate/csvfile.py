@@ -1,0 +1,65 @@
+"""Reading a validation CSV: its path checked, its header sniffed, its rows as stripped dicts with the reason a row
+cannot be read (one home for the runs, long-sequence and serving loaders)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Iterator
+
+from meshplan.errors import SpecError, shown
+
+
+def csv_path(path: str | Path) -> Path:
+    """``path`` as a CSV file to read, or a one-line error: empty, a folder, missing, not a regular file."""
+    if not str(path).strip():
+        raise SpecError("file", str(path), "is empty: name a CSV file")
+    p = Path(path)
+    if p.is_dir():
+        raise SpecError("file", str(p), "is a folder; give a CSV file")
+    if not p.exists():
+        raise SpecError("file", str(p), "no such file")
+    if not p.is_file():
+        raise SpecError("file", str(p), "is not a regular file; give a CSV file")
+    return p
+
+
+def csv_rows(path: str | Path, check_header) -> Iterator[tuple[int, dict, str]]:
+    """The data rows of a CSV as (line, row, why), every cell of the row stripped of surrounding blanks; ``why``
+    is empty, or says why the row cannot be read (more cells than the header names, unless the last column is the
+    free-text ``notes``, which an unquoted comma splits and which takes them back: the caller skips it).
+    ``check_header(fieldnames)`` refuses a header first; one naming a column twice is refused here. Read as UTF-8,
+    a leading byte-order mark dropped."""
+    p = csv_path(path)
+    try:
+        with p.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            header = list(reader.fieldnames or ())
+            dup = next((c for i, c in enumerate(header) if c in header[:i]), None)
+            if dup is not None:
+                raise SpecError("file", str(p), f"names column {dup!r} twice in its header: which cell counts is "
+                                "ambiguous; keep one")
+            check_header(reader.fieldnames)
+            for row in reader:
+                extra = row.pop(None, None)  # DictReader's restkey: cells beyond the header
+                row = {k: v.strip() if isinstance(v, str) else v for k, v in row.items()}
+                why = ""
+                if extra is not None and header[-1] == "notes":  # an unquoted comma in the free-text notes
+                    row["notes"] = ",".join([row.get("notes") or "", *extra]).strip()
+                elif extra is not None:
+                    rid = row.get("id") or f"line {reader.line_num}"
+                    why = str(SpecError(f"{rid}.cells", len(header) + len(extra), f"line {reader.line_num} has more "
+                                        f"cells than the {len(header)} columns its header names (a stray comma or "
+                                        f"a value without a column: {shown(extra)})"))
+                yield reader.line_num, row, why
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise SpecError("file", str(p), f"is not a readable CSV ({exc})") from None
+
+
+def csv_header(path: str | Path) -> list[str] | None:
+    """The header row of a CSV file (None when it is empty or unreadable: ``csv_rows`` then says why)."""
+    try:
+        with csv_path(path).open(newline="", encoding="utf-8-sig") as fh:
+            return next(csv.reader(fh), None)
+    except (UnicodeDecodeError, csv.Error):
+        return None
