@@ -8,20 +8,12 @@ from pathlib import Path
 from typing import Iterator
 
 from meshplan.errors import SpecError, shown
+from meshplan.spec.io import existing_file
 
 
 def csv_path(path: str | Path) -> Path:
     """``path`` as a CSV file to read, or a one-line error: empty, a folder, missing, not a regular file."""
-    if not str(path).strip():
-        raise SpecError("file", str(path), "is empty: name a CSV file")
-    p = Path(path)
-    if p.is_dir():
-        raise SpecError("file", str(p), "is a folder; give a CSV file")
-    if not p.exists():
-        raise SpecError("file", str(p), "no such file")
-    if not p.is_file():
-        raise SpecError("file", str(p), "is not a regular file; give a CSV file")
-    return p
+    return existing_file(path, "CSV")
 
 
 def csv_rows(path: str | Path, check_header) -> Iterator[tuple[int, dict, str]]:

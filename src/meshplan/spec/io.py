@@ -27,17 +27,24 @@ from meshplan.spec.model import (
 from meshplan.spec.typed import REQUIRED, fits, typed, value_of
 
 
-def read_file(path: str | Path) -> dict:
-    """Parse a TOML or JSON file into a dict, with a one-line error naming the file on failure."""
+def existing_file(path: str | Path, kind: str) -> Path:
+    """``path`` as a ``kind`` file ("TOML or JSON", "CSV") to read, or a one-line error: empty, a folder, missing,
+    not a regular file."""
     if not str(path).strip():
-        raise SpecError("file", str(path), "is empty: name a TOML or JSON file")
+        raise SpecError("file", str(path), f"is empty: name a {kind} file")
     p = Path(path)
     if p.is_dir():
-        raise SpecError("file", str(p), "is a folder; give a TOML or JSON file")
+        raise SpecError("file", str(p), f"is a folder; give a {kind} file")
     if not p.exists():
         raise SpecError("file", str(p), "no such file")
     if not p.is_file():
-        raise SpecError("file", str(p), "is not a regular file; give a TOML or JSON file")
+        raise SpecError("file", str(p), f"is not a regular file; give a {kind} file")
+    return p
+
+
+def read_file(path: str | Path) -> dict:
+    """Parse a TOML or JSON file into a dict, with a one-line error naming the file on failure."""
+    p = existing_file(path, "TOML or JSON")
     try:
         text = p.read_text(encoding="utf-8-sig")  # a byte-order mark some editors write is not content
         return json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
