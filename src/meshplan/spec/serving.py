@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from meshplan.errors import SpecError
 from meshplan.spec.hardware import DTYPE_BYTES
+from meshplan.spec.lengths import lognormal_bins, lognormal_fit
 
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp4", "int4", "fp32")
 QUANTIZED = ("fp8", "fp4", "int4")
@@ -210,6 +211,12 @@ class Dataset:
     input_hist: tuple[tuple[int, float], ...] = ()
     """(length, weight) bins where a source publishes them; empty = only the mean is known."""
     output_hist: tuple[tuple[int, float], ...] = ()
+    input_median: int = 0
+    """Median prompt tokens where a source publishes a median but no histogram (0 = not published)."""
+    output_median: int = 0
+    """Median generated tokens, likewise: with the mean it sets a log-normal histogram (``spec.lengths``)."""
+    length_range: tuple[int, int] = (1, 1 << 20)
+    """(shortest, longest) tokens of a request's prompt or output the harness keeps (its sampling filter)."""
     source: str = ""
     """Where the lengths come from."""
     scenarios: tuple[Scenario, ...] = ()
@@ -218,6 +225,19 @@ class Dataset:
     def __post_init__(self) -> None:
         _int(f"dataset[{self.name}].input_mean", self.input_mean, 1)
         _int(f"dataset[{self.name}].output_mean", self.output_mean, 1)
+        if not (isinstance(self.length_range, tuple) and len(self.length_range) == 2):
+            raise SpecError(f"dataset[{self.name}].length_range", self.length_range, "must be [shortest, longest]")
+        lo, hi = self.length_range
+        _int(f"dataset[{self.name}].length_range", lo, 1)
+        _int(f"dataset[{self.name}].length_range", hi, lo + 1)
+        for which in ("input", "output"):
+            median, mean = getattr(self, f"{which}_median"), getattr(self, f"{which}_mean")
+            _int(f"dataset[{self.name}].{which}_median", median, 0)
+            if median and not lo <= median < mean < hi:
+                raise SpecError(f"dataset[{self.name}].{which}_median", median,
+                                f"must lie in {lo}..{mean - 1} (below the mean {mean}: lengths skew right)")
+            if median:
+                lognormal_fit(mean, median, lo, hi)  # refuses a mean the range cannot reach
         if not self.source:
             raise SpecError(f"dataset[{self.name}].source", "", "every dataset must cite where its lengths come from")
 
@@ -230,9 +250,14 @@ class Dataset:
         raise SpecError(f"dataset[{self.name}].scenario", name, f"must be one this benchmark defines ({known})")
 
     def bins(self, which: str) -> tuple[tuple[int, float], ...]:
-        """(length, weight) bins of ``input`` or ``output`` lengths; one bin at the mean when only it is known."""
+        """(length, weight) bins of ``input`` or ``output`` lengths: the published histogram, else a log-normal
+        through the published mean and median, else one bin at the mean."""
         hist = self.input_hist if which == "input" else self.output_hist
-        return hist or ((self.input_mean if which == "input" else self.output_mean, 1.0),)
+        mean = self.input_mean if which == "input" else self.output_mean
+        median = self.input_median if which == "input" else self.output_median
+        if hist:
+            return hist
+        return lognormal_bins(mean, median, *self.length_range) if median else ((mean, 1.0),)
 
     def workload(self, **load) -> Workload:
         """The dataset's requests under ``load`` (concurrency, rate or offline)."""
@@ -241,7 +266,8 @@ class Dataset:
 
 def dataset_from_dict(d: dict, where: str) -> Dataset:
     """A dataset from its TOML table."""
-    allowed = {"name", "matches", "input_mean", "output_mean", "input_hist", "output_hist", "source", "scenarios"}
+    allowed = {"name", "matches", "input_mean", "output_mean", "input_hist", "output_hist", "input_median",
+               "output_median", "length_range", "source", "scenarios"}
     bad = sorted(set(d) - allowed)
     if bad:
         raise SpecError(where, bad, f"unknown dataset fields; known: {', '.join(sorted(allowed))}")
@@ -249,6 +275,8 @@ def dataset_from_dict(d: dict, where: str) -> Dataset:
     kw["matches"] = tuple(str(m).lower() for m in d.get("matches", ()))
     for side in ("input_hist", "output_hist"):
         kw[side] = tuple((int(n), float(w)) for n, w in d.get(side, ()))
+    if "length_range" in d:
+        kw["length_range"] = tuple(d["length_range"])
     scen = d.get("scenarios", {})
     kw["scenarios"] = tuple(_scenario(name, t, f"{where}.scenarios.{name}") for name, t in scen.items())
     try:
