@@ -60,6 +60,6 @@ def test_single_client_ttft(report):
 def test_median_e2e_over_variable_replies(report):
     """Median E2E of the ShareGPT rows (SGLang's v0.3.0-vs-vLLM-0.6.0 tables): with every reply at the mean length
     the model read the mean request (MAPE 61.7 %, all +48..+78 %); the replies' log-normal through the published
-    mean and median (``catalog/datasets/sharegpt.toml``) gives 8.1 %, none beyond 19 %."""
+    mean and median (``catalog/datasets/sharegpt.toml``) gives 9.0 % at the refitted constants, none beyond 21 %."""
     ape = [abs(r.error_pct) for r in report.rows if r.metric == "e2e_latency_s"]
     assert len(ape) >= 8 and sum(ape) / len(ape) < 15 and max(ape) < 30
