@@ -83,6 +83,15 @@ def test_length_file_json_list_still_works(tmp_path):
     assert lengths("--input-len", write(tmp_path, "l.json", "[[128, 3], [512, 1]]")) == ((128, 3.0), (512, 1.0))
 
 
+def test_length_counts_and_ranges_as_the_csvs_write_them(capsys):
+    """--input-len takes what a validation CSV's length cell takes: 1k, 1,024, a uniform range 512-1536."""
+    from meshplan.cli.serve import lengths
+
+    assert lengths("--input-len", "1k") == lengths("--input-len", "1,024") == ((1024, 1.0),)
+    assert len(lengths("--input-len", "512-1536")) == 8
+    fails([*SERVE, "--input-len", "1536-512"], "--input-len = '1536-512': expected a whole number", capsys)
+
+
 @pytest.mark.parametrize("text, needle", [
     ("1024,1\n-5,1\n2048,1\n", "line 2 = '-5,1': the length '-5' must be a whole number"),
     ("1024,1\nfoo bar\n2048,1\n", "line 2 = 'foo bar': expected length,weight"),

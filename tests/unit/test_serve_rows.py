@@ -69,6 +69,38 @@ def test_a_named_dataset_gives_its_mean_lengths():
         row_workload(row(input_len="LMSYS-Chat (variable)", concurrency="8"))
 
 
+@pytest.mark.parametrize("text, bins", [
+    ("1024", ((1024, 1.0),)), ("1,024", ((1024, 1.0),)), ("1k", ((1024, 1.0),)), ("2K", ((2048, 1.0),)),
+    ("~1000", ((1000, 1.0),)), ("1000 tokens", ((1000, 1.0),)), ("512 (fixed)", ((512, 1.0),)),
+    ("100-107", tuple((n, 1 / 8) for n in range(100, 108))),
+])
+def test_length_cells(text, bins):
+    from meshplan.calibrate.serve_cells import length_bins
+
+    assert length_bins(text, "r.input_len") == bins
+
+
+def test_a_range_is_drawn_uniformly():
+    """vLLM's random dataset draws lengths uniformly from lo..hi inclusive: 8 equal bins, mean at the midpoint."""
+    w = row_workload(row(input_len="512-1536", output_len="128 to 384", rate="", concurrency="4 qps"))
+    ins, outs = w.bins("input"), w.bins("output")
+    assert len(ins) == len(outs) == 8 and w.rate == 4.0
+    assert (w.input_len, w.output_len) == (1024, 256)
+    assert ins[0][0] == 576 and ins[-1][0] == 1472  # bin width 128.125, each at its middle
+    assert w.longest == 1472 + 368
+
+
+@pytest.mark.parametrize("text", ["", "lots", "0", "1.5", "300-200", "-5", "1e3"])
+def test_bad_length_cells_name_the_field(text):
+    with pytest.raises(SpecError, match="r.input_len"):
+        row_workload(row(input_len=text, concurrency="8"))
+
+
+def test_a_dataset_named_for_the_output_only_needs_the_prompt_too():
+    with pytest.raises(SpecError, match="r.input_len"):
+        row_workload(row(input_len="1024", output_len="ShareGPT", concurrency="8"))
+
+
 def ctx_of(engine="sglang", **kw):
     plan = ServePlan(tp=1, engine=engine)
     pool = catalog.cluster("1xh100-sxm").pools[0]

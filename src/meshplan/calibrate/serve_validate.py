@@ -12,6 +12,7 @@ from pathlib import Path
 
 from meshplan import catalog
 from meshplan.calibrate.csvfile import csv_rows
+from meshplan.calibrate.serve_cells import length_bins
 from meshplan.cost.serve_capacity import sustainable_rate
 from meshplan.cost.serve_load import ServePrediction, fit_check, predict_load
 from meshplan.cost.serve_sizing import sized_engine, with_cap
@@ -22,7 +23,7 @@ from meshplan.sim.serve_run import benchmark_run
 from meshplan.spec.engine import EngineProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import precision_name
-from meshplan.spec.serving import Scenario, ServePlan, Workload
+from meshplan.spec.serving import Scenario, ServePlan, Workload, workload_from_hist
 
 REQUIRED = ("id", "model_key", "gpu_key", "tp", "precision", "framework", "input_len", "output_len", "concurrency",
             "metric", "value")
@@ -113,8 +114,7 @@ def _int(row: dict, key: str, default: int = 1) -> int:
     try:
         return int(v)
     except ValueError:
-        raise SpecError(f"{row['id']}.{key}", v, "must be a whole number or a dataset of catalog/datasets "
-                        f"({', '.join(catalog.dataset_names())})") from None
+        raise SpecError(f"{row['id']}.{key}", v, "must be a whole number") from None
 
 
 RATE_UNIT = re.compile(r"^(\d+(?:\.\d+)?)\s*(?:qps|rps|req/s|reqs/s|requests/s|requests per second|/s)$"
@@ -177,7 +177,11 @@ def row_workload(row: dict) -> Workload:
     named = catalog.dataset_for(row.get("input_len") or "")
     if named is not None:
         return named.workload(**load)
-    return Workload(input_len=_int(row, "input_len"), output_len=_int(row, "output_len"), **load)
+    bins = [length_bins(row.get(key) or "", f"{row['id']}.{key}") for key in ("input_len", "output_len")]
+    if None in bins:  # a dataset named for the output only: the prompt must be given as well
+        raise SpecError(f"{row['id']}.input_len", row.get("input_len") or "", "must name the dataset the output "
+                        "length names, or be a number of tokens beside a number of output tokens")
+    return workload_from_hist(bins[0], bins[1], **load)
 
 
 PRECISION_NAMES = {"nvfp4": "fp4", "mxfp4": "fp4", "awq": "int4", "gptq": "int4", "w4a16": "int4", "int4-awq": "int4"}

@@ -78,8 +78,8 @@ def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
         return pairs
 
     text = str(text).strip()
-    fmt = ("a whole number of tokens, bins like 128:3,512:1, a file of length,weight lines, or a dataset "
-           f"({', '.join(catalog.dataset_names())})")
+    fmt = ("a whole number of tokens (1024, 1k), a range drawn uniformly (512-1536), bins like 128:3,512:1, a file "
+           f"of length,weight lines, or a dataset ({', '.join(catalog.dataset_names())})")
     if text.lower() in catalog.dataset_names():
         return catalog.dataset(text.lower()).bins("output" if "output" in flag else "input")
     if text.isascii() and text.isdigit():
@@ -91,8 +91,13 @@ def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
         is_file = path.is_file()
     except OSError:  # a name the file system refuses (too long): not a file
         is_file = False
-    if ":" not in text and not is_file:
-        raise SpecError(flag, text, f"expected {fmt}")
+    if ":" not in text and not is_file:  # a count or a range, as the validation CSVs write them
+        from meshplan.calibrate.serve_cells import length_bins
+
+        try:
+            return length_bins(text, flag)
+        except SpecError:
+            raise SpecError(flag, text, f"expected {fmt}") from None
     if is_file:
         try:
             raw = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the first line
