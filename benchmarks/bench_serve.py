@@ -12,8 +12,9 @@ import time
 from meshplan import catalog
 from meshplan.calibrate.serve_constants import load_constants
 from meshplan.cost.serve_step import clear_memo
-from meshplan.search.serve import ServeRequest, Slo, search
+from meshplan.search.serve import search
 from meshplan.search.serve_explain import explain
+from meshplan.search.serve_request import ServeRequest, Slo
 from meshplan.spec.serving import Workload
 
 CASES = (

@@ -15,7 +15,7 @@ from meshplan.cli import main
 from meshplan.cost.state_layout import state_groups
 from meshplan.cost.transition_time import SwitchCosts, fitted_overhead
 from meshplan.search.phase import plan_generation
-from meshplan.search.serve import ServeRequest
+from meshplan.search.serve_request import ServeRequest
 from meshplan.spec.plan import Plan
 from meshplan.spec.serving import Workload
 

@@ -14,7 +14,8 @@ from meshplan.cost.serve_load import kv_capacity_tokens, predict_load
 from meshplan.cost.serve_memory import attention_params, kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
 from meshplan.cost.serve_step import decode_breakdown, decode_time, step_context
 from meshplan.errors import SpecError
-from meshplan.search.serve import ServeRequest, search
+from meshplan.search.serve import search
+from meshplan.search.serve_request import ServeRequest
 from meshplan.spec.serving import ServePlan, Workload
 
 DS = catalog.model("deepseek-v3")

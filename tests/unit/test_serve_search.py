@@ -25,8 +25,9 @@ from meshplan.cost.serve_step import (
     step_context,
 )
 from meshplan.cost.serve_tail import quantile, wait_quantile
-from meshplan.search.serve import ServeRequest, Slo, search
+from meshplan.search.serve import search
 from meshplan.search.serve_explain import explain
+from meshplan.search.serve_request import ServeRequest, Slo
 from meshplan.spec.cluster import group_link
 from meshplan.spec.serving import ServePlan, Workload
 

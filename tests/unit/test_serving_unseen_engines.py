@@ -11,7 +11,9 @@ from meshplan.calibrate.serve_constants import load_constants
 from meshplan.calibrate.serve_validate import validate_serving_csv
 from meshplan.cost.serve_sizing import sized_engine
 from meshplan.errors import SpecError
-from meshplan.search.serve import ServeRequest, Slo, pp_options, search
+from meshplan.search.serve import search
+from meshplan.search.serve_request import ServeRequest, Slo
+from meshplan.search.serve_space import pp_options
 from meshplan.spec.serving import ServePlan, Workload
 
 WORK = Workload(input_len=1000, output_len=1000, concurrency=16)
@@ -172,7 +174,7 @@ def test_the_search_stays_inside_what_tgi_runs():
 def test_the_search_tries_no_running_cap_tgi_3_ignores():
     """TGI 3 ignores --max-batch-size under prefill chunking (seq_cap_settable = false): the search keeps the
     profile's cap and a pinned one is a one-line error; TGI 2 honours the flag, so lower caps are tried there."""
-    from meshplan.search.serve import engine_options
+    from meshplan.search.serve_space import engine_options
 
     base = dict(model=catalog.model("llama3.1-70b"), cluster=catalog.cluster("8xh100-sxm"), work=WORK, slo=Slo(),
                 constants=load_constants())

@@ -309,7 +309,7 @@ def _generate(spec, cluster, plan, *, stack, engine: str, work: tuple, options: 
     from meshplan.cost.transition_time import SwitchCosts
     from meshplan.report.phase import phase_json, render_phase
     from meshplan.search.phase import plan_generation
-    from meshplan.search.serve import ServeRequest
+    from meshplan.search.serve_request import ServeRequest
     from meshplan.spec.serving import Workload
 
     inp, outp, n = work

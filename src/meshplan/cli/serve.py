@@ -135,7 +135,7 @@ def build_request(*, model_ref: str, gpus: str, cluster_file: str, engine: str, 
     from meshplan.calibrate.serve_constants import load_constants
     from meshplan.cli.common import resolve_cluster, resolve_model
     from meshplan.errors import SpecError
-    from meshplan.search.serve import ServeRequest, Slo
+    from meshplan.search.serve_request import ServeRequest, Slo
     from meshplan.spec.serving import KV_DTYPES, MAX_CLIENTS, WEIGHT_DTYPES, workload_from_hist
 
     model = resolve_model(model_ref)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from io import StringIO
 
-from meshplan.search.serve import ServeCandidate, ServeResult
 from meshplan.search.serve_explain import Explanation
+from meshplan.search.serve_request import ServeCandidate, ServeResult
 
 
 def _ms(x: float) -> str:

@@ -21,8 +21,8 @@ from meshplan.cost.state_layout import geometry, state_groups, weights_only
 from meshplan.cost.transition import Placement, TransferBytes, transfer_bytes
 from meshplan.cost.transition_time import SwitchCosts, SwitchTime, new_groups, switch_time
 from meshplan.errors import SpecError
-from meshplan.search.serve import ServeCandidate, ServeRequest
 from meshplan.search.serve import search as serve_search
+from meshplan.search.serve_request import ServeCandidate, ServeRequest
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.plan import Plan

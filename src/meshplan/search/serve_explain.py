@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, replace
 
 from meshplan.cost.serve_capacity import sustainable_rate
 from meshplan.cost.serve_step import decode_breakdown, step_budget, step_context
-from meshplan.search.serve import ServeCandidate, ServeRequest, ServeResult, search
+from meshplan.search.serve import search
+from meshplan.search.serve_request import ServeCandidate, ServeRequest, ServeResult
 from meshplan.sim.serve_run import benchmark_run
 
 SHARES = (("weights", ("gemm", "head")), ("KV reads", ("attention",)), ("TP all-reduce", ("allreduce",)),
