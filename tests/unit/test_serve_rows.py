@@ -159,3 +159,35 @@ def test_an_unstated_tp_is_what_the_gpus_leave_over_pp_and_dp():
 
 def test_catalog_names_are_read_in_any_case():
     assert catalog.gpu("H100-SXM").name == "h100-sxm" and catalog.model("Qwen3-32B") == catalog.model("qwen3-32b")
+
+
+@pytest.mark.parametrize("unit, notes, q", [
+    ("ms", "", None),
+    ("ms", "sglang.bench_serving; medians", 0.5),
+    ("ms", "P99 TTFT from the benchmark's summary", 0.99),
+    ("ms (p90)", "", 0.9),
+    ("ms", "99th percentile over 1000 requests", 0.99),
+    ("ms", "Mean = LoadGen mean over samples", 0.0),
+    ("ms", "average over the run", 0.0),
+    ("ms", "mean TTFT; the p99 bound is 2 s", None),  # two statistics named: neither is read
+])
+def test_row_statistic(unit, notes, q):
+    from meshplan.calibrate.serve_cells import row_statistic
+
+    assert row_statistic(row(unit=unit, notes=notes)) == q
+
+
+def test_a_row_that_names_its_percentile_is_read_at_it():
+    """ShareGPT's replies vary, so E2E's mean, median and p99 differ; a row's named statistic picks which, over
+    the profile's default (vLLM: the mean)."""
+    from meshplan.calibrate.serve_validate import _statistic
+
+    eng = catalog.engine("vllm")
+    work = catalog.dataset("sharegpt").workload(rate=2.0)
+    pred = predict_load(ctx_of("vllm"), work)
+    mean, median, p99 = (reported(pred, "e2e_latency_s", eng, q) for q in (None, 0.5, 0.99))
+    assert mean == pytest.approx(pred.e2e) and median < mean < p99
+    assert p99 == pytest.approx(quantile(pred, "e2e", 0.99))
+    assert _statistic((1.0, 2.0, 3.0, 10.0), eng) == 4.0
+    assert _statistic((1.0, 2.0, 3.0, 10.0), eng, 0.5) == 2.5
+    assert _statistic((1.0, 2.0, 3.0, 10.0), eng, 0.99) == pytest.approx(3.0 + 7.0 * 0.97)

@@ -48,3 +48,22 @@ def length_bins(text: str, where: str) -> tuple[tuple[int, float], ...] | None:
     raise SpecError(where, text.strip(), "must be a whole number of tokens (1024, 1,024, 1k, ~1000), a range lo-hi "
                     "of lengths drawn uniformly, or a dataset of catalog/datasets "
                     f"({', '.join(catalog.dataset_names())})")
+
+
+STATISTIC = re.compile(r"\b(?:(medians?|p50)|(means?|average|avg)|p(\d{2}(?:\.\d+)?)|(\d{2})(?:th)? percentile)\b")
+"""A latency statistic a row's unit or notes name: the median (``medians``, ``p50``), the mean (``average``), or a
+percentile (``p90``, ``p99``, ``99th percentile``)."""
+
+
+def row_statistic(row: dict) -> float | None:
+    """The statistic the row's ``unit`` and ``notes`` say its latency is (INFERENCE.md: conventions that change the
+    number are in the notes): 0 for the mean, q for the q-quantile; None when they name none, or several (a note
+    that quotes a p99 constraint beside a mean is not read as either)."""
+    text = f"{row.get('unit') or ''} {row.get('notes') or ''}".lower()
+    found = set()
+    for m in STATISTIC.finditer(text):
+        median, mean, p, nth = m.groups()
+        pct = p or nth
+        found.add(0.5 if median else 0.0 if mean else float(pct) / 100)
+    found.discard(1.0)
+    return found.pop() if len(found) == 1 and 0 <= min(found) < 1 else None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from meshplan import catalog
 from meshplan.calibrate.csvfile import csv_rows
-from meshplan.calibrate.serve_cells import length_bins
+from meshplan.calibrate.serve_cells import length_bins, row_statistic
 from meshplan.cost.serve_capacity import sustainable_rate
 from meshplan.cost.serve_load import ServePrediction, fit_check, predict_load
 from meshplan.cost.serve_sizing import sized_engine, with_cap
@@ -291,28 +291,38 @@ def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
         measured = math.nan
     if not 0 < measured < math.inf:
         raise SpecError(f"{row['id']}.value", row["value"], "must be a positive, finite measurement")
-    value = reported(pred, metric, engine)
+    q = row_statistic(row)
+    value = reported(pred, metric, engine, q)
     if metric == "ttft_ms" and work.concurrency > 1:  # clients that start together: replay the benchmark run
-        value = 1e3 * _statistic(benchmark_run(ctx, work, replicas=plan.replicas).ttft, engine)
+        value = 1e3 * _statistic(benchmark_run(ctx, work, replicas=plan.replicas).ttft, engine, q)
     return ServeRow(id=row["id"], metric=metric, engine=engine.name, gpu=gpu.name, measured=measured,
                     predicted=value, queue_dominated=pred.queue_dominated), ""
 
 
-def _statistic(values: tuple[float, ...], engine: EngineProfile) -> float:
-    """The mean, or the median where the harness profile says its source publishes medians."""
-    return statistics.median(values) if engine.reports == "median" else statistics.fmean(values)
+def _statistic(values: tuple[float, ...], engine: EngineProfile, q: float | None = None) -> float:
+    """The mean, or the q-quantile (linear between order statistics) where the row names one, else the median
+    where the harness profile says its source publishes medians."""
+    q = (0.5 if engine.reports == "median" else 0.0) if q is None else q
+    if not q:
+        return statistics.fmean(values)
+    ranked = sorted(values)
+    at = q * (len(ranked) - 1)
+    lo = int(at)
+    return ranked[lo] + (ranked[min(lo + 1, len(ranked) - 1)] - ranked[lo]) * (at - lo)
 
 
 LATENCIES = {"ttft_ms": ("ttft", 1e3), "tpot_ms": ("tpot", 1e3), "itl_ms": ("itl", 1e3), "e2e_latency_s": ("e2e", 1.0)}
 """Latency metrics by their ``serve_tail`` name and unit scale."""
 
 
-def reported(pred: ServePrediction, metric: str, engine: EngineProfile) -> float:
-    """The prediction as the row's harness reports it: a latency's median where the profile says its source
-    publishes medians (``serve_tail.quantile`` at 0.5), else the mean."""
-    if engine.reports == "median" and metric in LATENCIES:
+def reported(pred: ServePrediction, metric: str, engine: EngineProfile, q: float | None = None) -> float:
+    """The prediction as the row reports it: a latency's q-quantile (``serve_tail.quantile``) where the row names
+    one (``serve_cells.row_statistic``), else its median where the harness profile says its source publishes
+    medians, else the mean."""
+    q = (0.5 if engine.reports == "median" else 0.0) if q is None else q
+    if q and metric in LATENCIES:
         name, scale = LATENCIES[metric]
-        return scale * quantile(pred, name, 0.5)
+        return scale * quantile(pred, name, q)
     return pred.metric(metric)
 
 
