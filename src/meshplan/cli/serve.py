@@ -227,8 +227,9 @@ def serve_cmd(
     cluster: str = typer.Option("", "--cluster", help="Cluster file (one pool of GPUs and its network)."),
     engine: str = typer.Option("vllm", "--engine", help="Serving-engine profile (catalog/engines): vllm, "
                                "sglang, trtllm, tgi, lmdeploy, fastgen, or a versioned one such as vllm-0.6.0."),
-    input_len: str = typer.Option(..., "--input-len", help="Prompt tokens per request: a number, bins "
-                                  "LENGTH:WEIGHT,..., a file of length,weight lines, or a dataset (sharegpt)."),
+    input_len: str = typer.Option(..., "--input-len", help="Prompt tokens per request: a number (1024, 1k), "
+                                  "a range drawn uniformly (512-1536), bins LENGTH:WEIGHT,..., a file of "
+                                  "length,weight lines, or a dataset (sharegpt)."),
     output_len: str = typer.Option(..., "--output-len", help="Generated tokens per request (same forms)."),
     concurrency: int = typer.Option(0, "--concurrency", help="Closed loop: requests in flight."),
     rate: float = typer.Option(0.0, "--rate", help="Open loop: Poisson arrivals per second. Neither: offline."),
