@@ -90,6 +90,11 @@ def test_length_counts_and_ranges_as_the_csvs_write_them(capsys):
     assert lengths("--input-len", "1k") == lengths("--input-len", "1,024") == ((1024, 1.0),)
     assert len(lengths("--input-len", "512-1536")) == 8
     fails([*SERVE, "--input-len", "1536-512"], "--input-len = '1536-512': expected a whole number", capsys)
+    fails([*SERVE, "--input-len", "~" + "9" * 400], "--input-len", capsys)
+    fails([*SERVE, "--input-len", "9" * 400], "--input-len", capsys)
+    fails([*SERVE, "--input-len", "9" * 400 + ":1"], "--input-len", capsys)
+    # a spelling a dataset's prefix takes is that dataset, as in the validation CSVs
+    assert lengths("--output-len", "ShareGPT_V3") == lengths("--output-len", "sharegpt")
 
 
 @pytest.mark.parametrize("text, needle", [

@@ -90,7 +90,8 @@ def test_a_range_is_drawn_uniformly():
     assert w.longest == 1472 + 368
 
 
-@pytest.mark.parametrize("text", ["", "lots", "0", "1.5", "300-200", "-5", "1e3"])
+@pytest.mark.parametrize("text", ["", "lots", "0", "1.5", "300-200", "-5", "1e3", "1,5", "10-10", "0-5", "9" * 400,
+                                  "1-" + "9" * 400, "~" + "9" * 30, "2000000000"])
 def test_bad_length_cells_name_the_field(text):
     with pytest.raises(SpecError, match="r.input_len"):
         row_workload(row(input_len=text, concurrency="8"))
@@ -166,10 +167,20 @@ def test_catalog_names_are_read_in_any_case():
     ("ms", "sglang.bench_serving; medians", 0.5),
     ("ms", "P99 TTFT from the benchmark's summary", 0.99),
     ("ms (p90)", "", 0.9),
-    ("ms", "99th percentile over 1000 requests", 0.99),
-    ("ms", "Mean = LoadGen mean over samples", 0.0),
-    ("ms", "average over the run", 0.0),
-    ("ms", "mean TTFT; the p99 bound is 2 s", None),  # two statistics named: neither is read
+    ("ms", "99th percentile latency over 1000 requests", 0.99),
+    ("ms", "95th-percentile TTFT", 0.95),
+    ("ms", "TTFT (p90) over 5 minutes", 0.9),
+    ("ms", "average latency over the run", 0.0),
+    ("ms", "mean TTFT; the p99 bound is 2 s", 0.0),  # the bound is not what was measured
+    # not a latency's statistic, or a bound on one: the profile's statistic stands
+    ("ms", "Mean = LoadGen mean over samples", None),
+    ("ms", "this means the server was warm", None),
+    ("ms", "average prompt length 224 tokens", None),
+    ("ms", "median output length 116", None),
+    ("ms", "P99 TTFT < 2 s SLO", None),
+    ("ms", "p00 latency", None),
+    ("ms", "median TTFT and mean TPOT", None),  # two named: neither is read
+    ("ms", "online, request rate 8/s", None),
 ])
 def test_row_statistic(unit, notes, q):
     from meshplan.calibrate.serve_cells import row_statistic

@@ -15,12 +15,21 @@ UNIFORM_BINS = 8
 """Equal-width bins of a uniform range (8: its p90 within a sixteenth of the range of the exact one)."""
 
 
+MAX_TOKENS = 1 << 30
+"""Longest length a cell may state (a billion tokens: beyond any context; a longer number is a typo)."""
+
+
 def _count(text: str) -> int | None:
     m = COUNT.match(text)
     if not m:
         return None
-    value = float(m.group(1).replace(",", "")) * (1024 if m.group(2) else 1)  # "1k" prompts are 1024 tokens
-    return int(value) if value == int(value) and value >= 1 else None
+    digits, k = m.group(1).replace(",", ""), m.group(2)
+    if "." in digits and not k:
+        return None  # "1.5" tokens
+    if len(digits) > 12:
+        return None
+    value = float(digits) * 1024 if k else int(digits)  # "1k" prompts are 1024 tokens
+    return int(value) if value == int(value) and 1 <= value <= MAX_TOKENS else None
 
 
 def uniform_bins(lo: int, hi: int, bins: int = UNIFORM_BINS) -> tuple[tuple[int, float], ...]:
@@ -50,20 +59,34 @@ def length_bins(text: str, where: str) -> tuple[tuple[int, float], ...] | None:
                     f"({', '.join(catalog.dataset_names())})")
 
 
-STATISTIC = re.compile(r"\b(?:(medians?|p50)|(means?|average|avg)|p(\d{2}(?:\.\d+)?)|(\d{2})(?:th)? percentile)\b")
-"""A latency statistic a row's unit or notes name: the median (``medians``, ``p50``), the mean (``average``), or a
-percentile (``p90``, ``p99``, ``99th percentile``)."""
+STAT = r"(medians?|means?|average|avg|p\d{2}(?:\.\d+)?|\d{2}(?:\.\d+)?(?:th)?[- ]percentile)"
+LATENCY = r"(?:ttft|tpot|itl|e2e|e2el|latency|latencies|inter-token latency|time to first token|time per output token)"
+NAMED = re.compile(rf"\b{STAT}\s+(?:[\w-]+\s+){{0,2}}?{LATENCY}\b(?!\s*(?:<|<=|≤|bound|slo|target|limit|constraint))"
+                   rf"|\b{LATENCY}\s*[(:,]?\s*{STAT}\b(?!\s*(?:<|<=|≤|bound|slo|target|limit|constraint))"
+                   r"|\b(medians)\b")
+"""A latency statistic a row's notes name: a statistic beside a latency word ("median TTFT", "p99 latency",
+"TTFT (p90)", "99th percentile inter-token latency"), not a bound on it ("p99 TTFT < 2 s"), or the plural
+"medians" (SGLang's tables); another quantity's statistic ("median output length") is not read."""
+UNIT_STAT = re.compile(rf"\b{STAT}\b")
+
+
+def _value(word: str) -> float | None:
+    """0 for a mean, q for a quantile, None for a percentile outside (0, 100)."""
+    word = word.lower()
+    if word.startswith("median"):
+        return 0.5
+    if word.startswith(("mean", "average", "avg")):
+        return 0.0
+    pct = float(re.search(r"\d+(?:\.\d+)?", word).group())
+    return pct / 100 if 0 < pct < 100 else None
 
 
 def row_statistic(row: dict) -> float | None:
-    """The statistic the row's ``unit`` and ``notes`` say its latency is (INFERENCE.md: conventions that change the
+    """The statistic the row's ``unit`` or ``notes`` say its latency is (INFERENCE.md: conventions that change the
     number are in the notes): 0 for the mean, q for the q-quantile; None when they name none, or several (a note
-    that quotes a p99 constraint beside a mean is not read as either)."""
-    text = f"{row.get('unit') or ''} {row.get('notes') or ''}".lower()
-    found = set()
-    for m in STATISTIC.finditer(text):
-        median, mean, p, nth = m.groups()
-        pct = p or nth
-        found.add(0.5 if median else 0.0 if mean else float(pct) / 100)
-    found.discard(1.0)
-    return found.pop() if len(found) == 1 and 0 <= min(found) < 1 else None
+    that gives a median beside a mean is not read as either)."""
+    found = {_value(m.group(1)) for m in UNIT_STAT.finditer((row.get("unit") or "").lower())}
+    for m in NAMED.finditer((row.get("notes") or "").lower()):
+        found.add(_value(next(g for g in m.groups() if g)))
+    found.discard(None)
+    return found.pop() if len(found) == 1 else None

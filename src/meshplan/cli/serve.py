@@ -80,11 +80,14 @@ def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
     text = str(text).strip()
     fmt = ("a whole number of tokens (1024, 1k), a range drawn uniformly (512-1536), bins like 128:3,512:1, a file "
            f"of length,weight lines, or a dataset ({', '.join(catalog.dataset_names())})")
-    if text.lower() in catalog.dataset_names():
-        return catalog.dataset(text.lower()).bins("output" if "output" in flag else "input")
+    named = catalog.dataset_for(text)  # a dataset's name or a spelling its ``matches`` prefix takes ("ShareGPT_V3")
+    if named is not None:
+        return named.bins("output" if "output" in flag else "input")
+    from meshplan.calibrate.serve_cells import MAX_TOKENS, length_bins
+
     if text.isascii() and text.isdigit():
-        if int(text) < 1:
-            raise SpecError(flag, text, "must be >= 1 token")
+        if not 1 <= int(text) <= MAX_TOKENS:
+            raise SpecError(flag, text, f"must be 1 to {MAX_TOKENS:,} tokens")
         return ((int(text), 1.0),)
     path = Path(text)
     try:
@@ -92,8 +95,6 @@ def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
     except OSError:  # a name the file system refuses (too long): not a file
         is_file = False
     if ":" not in text and not is_file:  # a count or a range, as the validation CSVs write them
-        from meshplan.calibrate.serve_cells import length_bins
-
         try:
             return length_bins(text, flag)
         except SpecError:
@@ -113,8 +114,9 @@ def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
         bins = tuple((int(n), float(w)) for n, w in pairs)
     except (TypeError, ValueError):
         raise SpecError(flag, text, f"expected {fmt}") from None
-    if not bins or any(n < 1 or not 0 < w < math.inf for n, w in bins):
-        raise SpecError(flag, text, "every length must be >= 1 token and every weight a finite number > 0")
+    if not bins or any(not 1 <= n <= MAX_TOKENS or not 0 < w < math.inf for n, w in bins):
+        raise SpecError(flag, text, f"every length must be 1 to {MAX_TOKENS:,} tokens and every weight a finite "
+                        "number > 0")
     if not math.isfinite(sum(w for _, w in bins)):
         raise SpecError(flag, text, "the weights overflow when added: scale them down (only their ratios count)")
     return bins

@@ -225,21 +225,33 @@ class Dataset:
     def __post_init__(self) -> None:
         _int(f"dataset[{self.name}].input_mean", self.input_mean, 1)
         _int(f"dataset[{self.name}].output_mean", self.output_mean, 1)
-        if not (isinstance(self.length_range, tuple) and len(self.length_range) == 2):
-            raise SpecError(f"dataset[{self.name}].length_range", self.length_range, "must be [shortest, longest]")
-        lo, hi = self.length_range
-        _int(f"dataset[{self.name}].length_range", lo, 1)
-        _int(f"dataset[{self.name}].length_range", hi, lo + 1)
-        for which in ("input", "output"):
-            median, mean = getattr(self, f"{which}_median"), getattr(self, f"{which}_mean")
-            _int(f"dataset[{self.name}].{which}_median", median, 0)
-            if median and not lo <= median < mean < hi:
-                raise SpecError(f"dataset[{self.name}].{which}_median", median,
-                                f"must lie in {lo}..{mean - 1} (below the mean {mean}: lengths skew right)")
-            if median:
-                lognormal_fit(mean, median, lo, hi)  # refuses a mean the range cannot reach
+        self._check_lengths()
         if not self.source:
             raise SpecError(f"dataset[{self.name}].source", "", "every dataset must cite where its lengths come from")
+
+    def _check_lengths(self) -> None:
+        """The harness's length range and any published median: a median needs the range to hold it below the mean,
+        and a log-normal through both to exist within the range."""
+        where = f"dataset[{self.name}]"
+        rng = self.length_range
+        if not (isinstance(rng, tuple) and len(rng) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                  for v in rng) and 1 <= rng[0] < rng[1]):
+            raise SpecError(f"{where}.length_range", list(rng) if isinstance(rng, tuple) else rng,
+                            "must be [shortest, longest]: whole token counts, 1 <= shortest < longest")
+        lo, hi = rng
+        for which in ("input", "output"):
+            median, mean = getattr(self, f"{which}_median"), getattr(self, f"{which}_mean")
+            _int(f"{where}.{which}_median", median, 0)
+            if not median:
+                continue
+            if not lo <= mean < hi:
+                raise SpecError(f"{where}.{which}_mean", mean, f"must lie within length_range {lo}..{hi - 1} "
+                                "to build its histogram from the median")
+            if not lo < median < mean:
+                raise SpecError(f"{where}.{which}_median", median,
+                                f"must lie in {lo + 1}..{mean - 1} (above the shortest length, below the mean "
+                                f"{mean}: lengths skew right)")
+            lognormal_fit(mean, median, lo, hi, where=f"{where}.{which}_median")  # a mean the range cannot reach
 
     def scenario(self, name: str) -> Scenario:
         """The scenario called ``name`` (``server``, ``interactive``)."""
@@ -274,9 +286,13 @@ def dataset_from_dict(d: dict, where: str) -> Dataset:
     kw = dict(d)
     kw["matches"] = tuple(str(m).lower() for m in d.get("matches", ()))
     for side in ("input_hist", "output_hist"):
-        kw[side] = tuple((int(n), float(w)) for n, w in d.get(side, ()))
+        try:
+            kw[side] = tuple((int(n), float(w)) for n, w in d.get(side, ()))
+        except (TypeError, ValueError):
+            raise SpecError(f"{where}.{side}", d.get(side), "must be a list of [length, weight] pairs") from None
     if "length_range" in d:
-        kw["length_range"] = tuple(d["length_range"])
+        rng = d["length_range"]
+        kw["length_range"] = tuple(rng) if isinstance(rng, list) else rng
     scen = d.get("scenarios", {})
     kw["scenarios"] = tuple(_scenario(name, t, f"{where}.scenarios.{name}") for name, t in scen.items())
     try:
