@@ -41,6 +41,11 @@ def row(**kw):
     ("", "QPS 4, Poisson arrivals", {"rate": 4.0}),
     ("", "vllm bench serve --request-rate 4", {"rate": 4.0}),
     ("", "Poisson arrivals at 2.5 requests per second", {"rate": 2.5}),
+    ("c=64", "", {"concurrency": 64}),
+    ("Concurrency: 32", "", {"concurrency": 32}),
+    ("max-concurrency 16", "", {"concurrency": 16}),
+    ("128 concurrent users", "", {"concurrency": 128}),
+    ("8 clients (closed loop)", "", {"concurrency": 8}),
 ])
 def test_row_load(conc, notes, load):
     assert row_load(row(concurrency=conc, notes=notes)) == load

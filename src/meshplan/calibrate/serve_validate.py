@@ -121,6 +121,9 @@ RATE_UNIT = re.compile(r"^(\d+(?:\.\d+)?)\s*(?:qps|rps|req/s|reqs/s|requests/s|r
                        r"|^(?:qps|rps|rate|request rate)\s*[=:]?\s*(\d+(?:\.\d+)?)(?:\s*/s)?$")
 """An open-loop rate in the ``concurrency`` column: ``4 qps``, ``4 req/s``, ``qps=4`` (a parenthesised detail,
 "(Poisson)", dropped first)."""
+CLIENTS = re.compile(r"^(?:c|concurrency|clients|users|max[- _]concurrency)\s*[=:]?\s*(\d+)$"
+                     r"|^(\d+)\s*(?:concurrent(?:\s+(?:requests|users|clients))?|clients|users|requests in flight)$")
+"""A closed loop's clients as other sources write them: ``c=64``, ``concurrency 64``, ``64 concurrent users``."""
 NOTES_RATE = re.compile(r"request[- _]rate[\s:=]*(\d+(?:\.\d+)?|inf)\b"
                         r"|(\d+(?:\.\d+)?)\s*(?:qps|req/s|reqs/s|requests/s|requests per second)\b"
                         r"|\bqps[\s:=]*(\d+(?:\.\d+)?)\b")
@@ -154,9 +157,12 @@ def row_load(row: dict) -> dict:
     loop (a rate with its unit in ``concurrency``, or, when that is empty, the rate the notes state), or a
     benchmark scenario (its rate is found later: the load here is offline)."""
     conc = (row.get("concurrency") or "").strip().lower()
+    bare = conc.split("(", 1)[0].strip()  # "64 (closed loop)", "4 req/s (Poisson)"
+    clients = CLIENTS.match(bare)  # before the offline words: "max-concurrency 16" is 16 clients
+    if clients:
+        return {"concurrency": int(clients.group(1) or clients.group(2))}
     if conc.startswith(OFFLINE) or conc.startswith(SCENARIOS):
         return {}
-    bare = conc.split("(", 1)[0].strip()  # "64 (closed loop)", "4 req/s (Poisson)"
     if bare.isdigit() or re.fullmatch(r"\d+\.0+", bare):
         return {"concurrency": int(float(bare))}
     unit = RATE_UNIT.match(bare)
