@@ -5,6 +5,7 @@ prefill queue; multi-step scheduling makes it wait half a round)."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +43,11 @@ def row(**kw):
     ("", "vllm bench serve --request-rate 4", {"rate": 4.0}),
     ("", "Poisson arrivals at 2.5 requests per second", {"rate": 2.5}),
     ("c=64", "", {"concurrency": 64}),
+    ("--max-concurrency 64", "", {"concurrency": 64}),
+    ("maximum concurrency 64", "", {"concurrency": 64}),
+    ("4", "open loop, request rate 4/s", {"rate": 4.0}),  # INFERENCE.md: the column holds an open loop's QPS
+    ("4", "Poisson arrivals", {"rate": 4.0}),
+    ("offline (max throughput)", "", {}),
     ("Concurrency: 32", "", {"concurrency": 32}),
     ("max-concurrency 16", "", {"concurrency": 16}),
     ("128 concurrent users", "", {"concurrency": 128}),
@@ -207,3 +213,54 @@ def test_a_row_that_names_its_percentile_is_read_at_it():
     assert _statistic((1.0, 2.0, 3.0, 10.0), eng) == 4.0
     assert _statistic((1.0, 2.0, 3.0, 10.0), eng, 0.5) == 2.5
     assert _statistic((1.0, 2.0, 3.0, 10.0), eng, 0.99) == pytest.approx(3.0 + 7.0 * 0.97)
+
+
+@pytest.mark.parametrize("conc", ["0", "0 qps", "max 64", "max batch 256", "max_num_seqs=256"])
+def test_no_load_or_a_cap_is_not_read_as_offline(conc):
+    with pytest.raises(SpecError, match="r.concurrency"):
+        row_load(row(concurrency=conc))
+
+
+@pytest.mark.parametrize("text, value", [("1,234.5", 1234.5), ("~120", 120.0), ("120 ms", 120.0), ("1.2e3", 1200.0),
+                                         ("120 (median)", 120.0), ("nan", None), ("-3", None), ("12,34", None)])
+def test_measured_value_spellings(text, value):
+    from meshplan.calibrate.serve_cells import measured_value
+
+    assert measured_value(text) == value
+
+
+def test_row_gpus_set_the_replicas_and_bound_the_layout():
+    from meshplan.calibrate.serve_validate import row_plan
+
+    eng = catalog.engine("sglang")
+    # n_gpus over tp x pp with dp unstated: replicas, as an unstated tp is read
+    assert row_plan(row(precision="bf16", n_gpus="8", tp="2", pp="", dp=""), eng).replicas == 4
+    # SGLang's --tp 8 --dp 8 --enable-dp-attention on 8 GPUs: 8 attention groups of one GPU, experts over all 8
+    p = row_plan(row(precision="fp8", n_gpus="8", tp="8", pp="1", dp="8", ep=""), eng)
+    assert (p.tp, p.attn_dp, p.ep, p.replicas, p.gpus_per_replica) == (1, 8, 8, 1, 8)
+    with pytest.raises(SpecError, match="r.n_gpus"):
+        row_plan(row(precision="bf16", n_gpus="4", tp="8", pp="1", dp="1"), eng)
+
+
+def test_short_lines_and_impossible_layouts_are_skipped_with_reasons(tmp_path):
+    """A line with fewer cells than the header, or a tp that does not divide the heads, costs that row only."""
+    import csv
+
+    from meshplan.calibrate.serve_validate import validate_serving_csv
+
+    src = Path(__file__).resolve().parents[3] / "shared" / "validation" / "inference_visible.csv"
+    if not src.is_file():
+        pytest.skip("serving measurements not found")
+    rows = list(csv.DictReader(src.open()))[:3]
+    path = tmp_path / "s.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerow(rows[0])
+        w.writerow({**rows[1], "id": "bad-tp", "tp": "64", "n_gpus": "64"})
+    with path.open("a") as fh:
+        fh.write("short-line,src,url,Llama,llama3.1-8b\n")
+    report = validate_serving_csv(path)
+    reasons = dict(report.skipped)
+    assert [r.id for r in report.rows] == [rows[0]["id"]]
+    assert "attention heads" in reasons["bad-tp"] and "short-line" in reasons

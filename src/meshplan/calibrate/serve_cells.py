@@ -90,3 +90,14 @@ def row_statistic(row: dict) -> float | None:
         found.add(_value(next(g for g in m.groups() if g)))
     found.discard(None)
     return found.pop() if len(found) == 1 else None
+
+
+VALUE = re.compile(r"^[~≈]?\s*(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*(?:[a-z/%]+)?$")
+"""A measurement as sources write it: ``1234.5``, ``1,234.5``, ``~120``, ``1.2e3``, ``120 ms`` (the unit the row's
+``unit`` column already names)."""
+
+
+def measured_value(text: str) -> float | None:
+    """The number a ``value`` cell states (a parenthesised detail dropped), or None."""
+    m = VALUE.match(re.sub(r"\([^)]*\)", "", text or "").strip().lower())
+    return float(m.group(1).replace(",", "")) if m else None

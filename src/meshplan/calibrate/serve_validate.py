@@ -12,7 +12,7 @@ from pathlib import Path
 
 from meshplan import catalog
 from meshplan.calibrate.csvfile import csv_rows
-from meshplan.calibrate.serve_cells import length_bins, row_statistic
+from meshplan.calibrate.serve_cells import length_bins, measured_value, row_statistic
 from meshplan.cost.serve_capacity import sustainable_rate
 from meshplan.cost.serve_load import ServePrediction, fit_check, predict_load
 from meshplan.cost.serve_sizing import sized_engine, with_cap
@@ -121,9 +121,15 @@ RATE_UNIT = re.compile(r"^(\d+(?:\.\d+)?)\s*(?:qps|rps|req/s|reqs/s|requests/s|r
                        r"|^(?:qps|rps|rate|request rate)\s*[=:]?\s*(\d+(?:\.\d+)?)(?:\s*/s)?$")
 """An open-loop rate in the ``concurrency`` column: ``4 qps``, ``4 req/s``, ``qps=4`` (a parenthesised detail,
 "(Poisson)", dropped first)."""
-CLIENTS = re.compile(r"^(?:c|concurrency|clients|users|max[- _]concurrency)\s*[=:]?\s*(\d+)$"
+CLIENTS = re.compile(r"^(?:c|n|conc|(?:max(?:imum)?[- _]?)?(?:concurrency|clients|users))\s*[=:]?\s*(\d+)$"
                      r"|^(\d+)\s*(?:concurrent(?:\s+(?:requests|users|clients))?|clients|users|requests in flight)$")
 """A closed loop's clients as other sources write them: ``c=64``, ``concurrency 64``, ``64 concurrent users``."""
+OFFLINE_CELL = re.compile(r"^(?:max|maximum|offline|inf|infinite|unlimited|∞)\b\s*(?:\(.*)?$")
+"""An offline run's cell: the word alone or with a parenthesised detail ("max (offline)", "inf (5000 prompts)"),
+not "max 64" or "max batch 256" (a cap, not a load)."""
+OPEN_LOOP = re.compile(r"poisson|open[- ]loop|\bqps\b|request[- _]rate|req/s|requests per second|arrival rate")
+"""Notes that say a bare number in ``concurrency`` is a rate (INFERENCE.md: the column holds the QPS of an open-loop
+run)."""
 NOTES_RATE = re.compile(r"request[- _]rate[\s:=]*(\d+(?:\.\d+)?|inf)\b"
                         r"|(\d+(?:\.\d+)?)\s*(?:qps|req/s|reqs/s|requests/s|requests per second)\b"
                         r"|\bqps[\s:=]*(\d+(?:\.\d+)?)\b")
@@ -157,17 +163,22 @@ def row_load(row: dict) -> dict:
     loop (a rate with its unit in ``concurrency``, or, when that is empty, the rate the notes state), or a
     benchmark scenario (its rate is found later: the load here is offline)."""
     conc = (row.get("concurrency") or "").strip().lower()
-    bare = conc.split("(", 1)[0].strip()  # "64 (closed loop)", "4 req/s (Poisson)"
+    bare = conc.split("(", 1)[0].strip().lstrip("-")  # "64 (closed loop)", "4 req/s (Poisson)", "--max-concurrency 64"
+    notes = (row.get("notes") or "").lower()
     clients = CLIENTS.match(bare)  # before the offline words: "max-concurrency 16" is 16 clients
     if clients:
-        return {"concurrency": int(clients.group(1) or clients.group(2))}
-    if conc.startswith(OFFLINE) or conc.startswith(SCENARIOS):
+        return _load(row, concurrency=int(clients.group(1) or clients.group(2)))
+    if OFFLINE_CELL.match(conc) or conc.startswith(SCENARIOS):
         return {}
+    if re.fullmatch(r"\d+(?:\.\d+)?", bare) and OPEN_LOOP.search(notes):  # a QPS, as the notes say
+        said = NOTES_RATE.search(notes)
+        rate = next((g for g in said.groups() if g), bare) if said else bare
+        return {} if rate == "inf" else _load(row, rate=float(rate))
     if bare.isdigit() or re.fullmatch(r"\d+\.0+", bare):
-        return {"concurrency": int(float(bare))}
+        return _load(row, concurrency=int(float(bare)))
     unit = RATE_UNIT.match(bare)
     if unit:
-        return {"rate": float(unit.group(1) or unit.group(2))}
+        return _load(row, rate=float(unit.group(1) or unit.group(2)))
     if not conc:
         said = NOTES_RATE.search((row.get("notes") or "").lower())
         if said:
@@ -175,6 +186,14 @@ def row_load(row: dict) -> dict:
             return {} if rate == "inf" else {"rate": float(rate)}
     raise SpecError(f"{row['id']}.concurrency", conc, "must be a number of clients, a rate such as '4 qps', or "
                     "an offline run ('max', 'offline'); an empty one needs the rate in the notes")
+
+
+def _load(row: dict, **load: float) -> dict:
+    """A closed or open loop with a load above zero (zero clients or requests/s is no run, not an offline one)."""
+    if not next(iter(load.values())) > 0:
+        raise SpecError(f"{row['id']}.concurrency", row.get("concurrency", "").strip(),
+                        "must be at least one client or a rate above 0 (an offline run: 'max', 'offline')")
+    return load
 
 
 def row_workload(row: dict) -> Workload:
@@ -210,11 +229,21 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
     for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("dp", dp)):
         if value < 1:
             raise SpecError(f"{row['id']}.{name}", row[name].strip(), "must be a whole number >= 1 (empty: 1)")
+    n_gpus = (row.get("n_gpus") or "").strip()
+    stated = int(n_gpus) if n_gpus.isdigit() else 0
+    if stated and dp > 1 and stated == tp * pp and tp % dp == 0:
+        # SGLang's --tp N --dp D --enable-dp-attention: N GPUs in all, D attention groups of N / D, the experts
+        # over all N (sglang server_args.py: dp_size divides tp_size under enable_dp_attention)
+        tp, ep, dp = tp // dp, max(ep, tp), 1
     adp = ep // tp if ep > tp and ep % tp == 0 else 1
     replicas = dp
     if adp > 1:
-        n_gpus = (row.get("n_gpus") or "").strip()
-        replicas = max(int(n_gpus) // (tp * pp * adp), 1) if n_gpus.isdigit() else max(dp // adp, 1)
+        replicas = max(stated // (tp * pp * adp), 1) if stated else max(dp // adp, 1)
+    elif stated and not (row.get("dp") or "").strip() and stated % (tp * pp) == 0:
+        replicas = stated // (tp * pp)  # as an unstated tp is read: the GPUs the row states over tp x pp
+    if stated and tp * pp * adp * replicas > stated:
+        raise SpecError(f"{row['id']}.n_gpus", stated, f"is fewer than tp x pp x dp = {tp * pp * adp * replicas} "
+                        "GPUs the row's layout needs")
     try:
         return ServePlan(tp=tp, pp=pp, ep=ep, attn_dp=adp, replicas=replicas, precision=prec, kv_dtype=kv,
                          engine=engine.name)
@@ -234,6 +263,18 @@ def _unstated_tp(row: dict) -> int:
     if n_gpus.isdigit() and rest >= 1 and int(n_gpus) % rest == 0:
         return max(int(n_gpus) // rest, 1)
     return 1
+
+
+def check_layout(row: dict, model: ModelSpec, plan: ServePlan) -> None:
+    """Every engine splits attention heads evenly over the TP group and gives each pipeline stage whole layers
+    (vLLM ``verify_with_parallel_config``): a tp that does not divide the heads, or more stages than layers, is no
+    deployment that ran."""
+    att = model.decoder.attention
+    if att is not None and att.n_heads % plan.tp:
+        raise SpecError(f"{row['id']}.tp", plan.tp, f"must divide {model.name}'s {att.n_heads} attention heads")
+    n_layers = sum(1 for _ in model.layers())
+    if plan.pp > n_layers:
+        raise SpecError(f"{row['id']}.pp", plan.pp, f"must be at most {model.name}'s {n_layers} layers")
 
 
 def check_experts(row: dict, model: ModelSpec, plan: ServePlan, engine: EngineProfile) -> None:
@@ -262,6 +303,7 @@ def row_context(row: dict, constants: dict) -> tuple[StepContext, ServePlan, Wor
     plan, work = row_plan(row, engine), row_workload(row)
     model, gpu = catalog.model(row["model_key"].strip()), catalog.gpu(row["gpu_key"].strip())
     cluster = catalog.cluster(f"{plan.gpus_per_replica}x{gpu.name}")
+    check_layout(row, model, plan)
     check_experts(row, model, plan, engine)
     if engine.max_pp and plan.pp > engine.max_pp:
         raise SpecError(f"{row['id']}.pp", plan.pp, f"{engine.name} runs at most {engine.max_pp} pipeline stage(s)")
@@ -291,11 +333,8 @@ def predict_row(row: dict, constants: dict) -> tuple[ServeRow | None, str]:
             return None, (f"no rate meets the {scenario.name} scenario's p{100 * scenario.percentile:g} "
                           f"TTFT {1e3 * scenario.ttft:g} ms / TPOT {1e3 * scenario.tpot:g} ms")
         pred = cap.prediction
-    try:
-        measured = float(row["value"])
-    except (TypeError, ValueError):
-        measured = math.nan
-    if not 0 < measured < math.inf:
+    measured = measured_value(row["value"])
+    if measured is None or not 0 < measured < math.inf:
         raise SpecError(f"{row['id']}.value", row["value"], "must be a positive, finite measurement")
     q = row_statistic(row)
     value = reported(pred, metric, engine, q)
@@ -345,6 +384,7 @@ def validate_serving_csv(path: str | Path, constants: dict | None = None) -> Ser
             raise SpecError("file", str(p), f"is not a serving CSV: needs columns {', '.join(REQUIRED)}")
 
     for line, row, bad in csv_rows(p, check_header):
+        row = {k: v if isinstance(v, str) else "" for k, v in row.items() if k is not None}  # a short line's cells
         rid = row.get("id") or f"line {line}"
         try:
             if bad:
