@@ -190,13 +190,31 @@ def test_catalog_names_are_read_in_any_case():
     ("ms", "median output length 116", None),
     ("ms", "P99 TTFT < 2 s SLO", None),
     ("ms", "p00 latency", None),
-    ("ms", "median TTFT and mean TPOT", None),  # two named: neither is read
+    ("ms", "median TTFT and mean TPOT", 0.5),  # this row is a TTFT: the TPOT's statistic is another row's
+    ("ms", "median TTFT, mean TTFT over 3 runs", None),  # two named for it: neither is read
     ("ms", "online, request rate 8/s", None),
 ])
 def test_row_statistic(unit, notes, q):
     from meshplan.calibrate.serve_cells import row_statistic
 
-    assert row_statistic(row(unit=unit, notes=notes)) == q
+    assert row_statistic(row(unit=unit, notes=notes, metric="ttft_ms")) == q
+
+
+def test_a_statistic_named_for_another_metric_is_not_this_rows():
+    from meshplan.calibrate.serve_cells import row_statistic
+
+    notes = "median ITL, p99 TTFT"
+    assert row_statistic(row(notes=notes, metric="itl_ms")) == 0.5
+    assert row_statistic(row(notes=notes, metric="ttft_ms")) == 0.99
+    assert row_statistic(row(notes="P99 TTFT over the run", metric="tpot_ms")) is None
+
+
+@pytest.mark.parametrize("text, fmt", [("FP8 (W8A8)", "fp8"), ("fp16 (AWQ)", "int4"), ("AWQ int4", "int4"),
+                                       ("GPTQ-Int4", "int4"), ("W8A8-FP8", "fp8"), ("NVFP4", "fp4"), ("bf16", None)])
+def test_the_weight_format_is_read_anywhere_in_the_cell(text, fmt):
+    from meshplan.calibrate.serve_cells import weight_format
+
+    assert weight_format(text) == fmt
 
 
 def test_a_row_that_names_its_percentile_is_read_at_it():

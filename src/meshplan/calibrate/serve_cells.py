@@ -60,14 +60,19 @@ def length_bins(text: str, where: str) -> tuple[tuple[int, float], ...] | None:
 
 
 STAT = r"(medians?|means?|average|avg|p\d{2}(?:\.\d+)?|\d{2}(?:\.\d+)?(?:th)?[- ]percentile)"
-LATENCY = r"(?:ttft|tpot|itl|e2e|e2el|latency|latencies|inter-token latency|time to first token|time per output token)"
-NAMED = re.compile(rf"\b{STAT}\s+(?:[\w-]+\s+){{0,2}}?{LATENCY}\b(?!\s*(?:<|<=|≤|bound|slo|target|limit|constraint))"
-                   rf"|\b{LATENCY}\s*[(:,]?\s*{STAT}\b(?!\s*(?:<|<=|≤|bound|slo|target|limit|constraint))"
+LATENCY = (r"(ttft|tpot|itl|e2el?|latency|latencies|inter-token latency|time to first token|time per output token"
+           r"|end-to-end latency)")
+_NOT_A_BOUND = r"(?!\s*(?:<|<=|≤|bound|slo|target|limit|constraint))"
+NAMED = re.compile(rf"\b{STAT}\s+(?:[\w-]+\s+){{0,2}}?{LATENCY}\b{_NOT_A_BOUND}"
+                   rf"|\b{LATENCY}\s*[(:,]?\s*{STAT}\b{_NOT_A_BOUND}"
                    r"|\b(medians)\b")
 """A latency statistic a row's notes name: a statistic beside a latency word ("median TTFT", "p99 latency",
 "TTFT (p90)", "99th percentile inter-token latency"), not a bound on it ("p99 TTFT < 2 s"), or the plural
 "medians" (SGLang's tables); another quantity's statistic ("median output length") is not read."""
 UNIT_STAT = re.compile(rf"\b{STAT}\b")
+METRIC_WORDS = {"ttft_ms": ("ttft", "time to first token"), "tpot_ms": ("tpot", "time per output token"),
+                "itl_ms": ("itl", "inter-token latency"), "e2e_latency_s": ("e2e", "e2el", "end-to-end latency")}
+"""The words that name each latency metric: a statistic named for another metric is not this row's."""
 
 
 def _value(word: str) -> float | None:
@@ -84,12 +89,29 @@ def _value(word: str) -> float | None:
 def row_statistic(row: dict) -> float | None:
     """The statistic the row's ``unit`` or ``notes`` say its latency is (INFERENCE.md: conventions that change the
     number are in the notes): 0 for the mean, q for the q-quantile; None when they name none, or several (a note
-    that gives a median beside a mean is not read as either)."""
+    that gives a median beside a mean is not read as either). A statistic named for another metric ("p99 TTFT"
+    on an ITL row) is not this row's; one named for latency in general is."""
     found = {_value(m.group(1)) for m in UNIT_STAT.finditer((row.get("unit") or "").lower())}
+    others = {w for metric, words in METRIC_WORDS.items() if metric != (row.get("metric") or "").strip()
+              for w in words}
     for m in NAMED.finditer((row.get("notes") or "").lower()):
-        found.add(_value(next(g for g in m.groups() if g)))
+        groups = [g for g in m.groups() if g]
+        if any(g in others for g in groups):
+            continue
+        found.add(_value(next(g for g in groups if re.fullmatch(STAT, g))))
     found.discard(None)
     return found.pop() if len(found) == 1 else None
+
+
+PRECISION_WORDS = ((r"nvfp4|mxfp4|\bfp4\b", "fp4"), (r"awq|gptq|w4a16|\bint4\b", "int4"), (r"fp8|e4m3", "fp8"))
+"""Weight formats anywhere in a precision cell ("fp16 (AWQ)" serves 4-bit weights, "W8A8-FP8" fp8 ones): the
+quantized format is what the weights are read in, whatever compute dtype the cell names beside it."""
+
+
+def weight_format(text: str) -> str | None:
+    """The quantized weight format a precision cell names anywhere in it, or None."""
+    low = (text or "").lower()
+    return next((name for pattern, name in PRECISION_WORDS if re.search(pattern, low)), None)
 
 
 VALUE = re.compile(r"^[~≈]?\s*(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*(?:[a-z/%]+)?$")

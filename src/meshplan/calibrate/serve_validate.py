@@ -12,7 +12,7 @@ from pathlib import Path
 
 from meshplan import catalog
 from meshplan.calibrate.csvfile import csv_rows
-from meshplan.calibrate.serve_cells import length_bins, measured_value, row_statistic
+from meshplan.calibrate.serve_cells import length_bins, measured_value, row_statistic, weight_format
 from meshplan.cost.serve_capacity import sustainable_rate
 from meshplan.cost.serve_load import ServePrediction, fit_check, predict_load
 from meshplan.cost.serve_sizing import sized_engine, with_cap
@@ -223,7 +223,7 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
     with ``--enable-expert-parallel``, SGLang's ``--enable-dp-attention``): ``ep / tp`` attention groups per
     replica, the replicas being the row's GPUs over theirs."""
     prec = precision_name(row["precision"])
-    prec = PRECISION_NAMES.get(prec, prec)
+    prec = weight_format(row["precision"]) or PRECISION_NAMES.get(prec, prec)
     kv = "fp8" if prec in ("fp8", "fp4") and engine.fp8_kv else ("fp16" if prec == "fp16" else "bf16")
     tp, pp, ep, dp = _int(row, "tp", _unstated_tp(row)), _int(row, "pp"), _int(row, "ep"), _int(row, "dp")
     for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("dp", dp)):
