@@ -84,6 +84,8 @@ def test_a_named_dataset_gives_its_mean_lengths():
     ("1024", ((1024, 1.0),)), ("1,024", ((1024, 1.0),)), ("1k", ((1024, 1.0),)), ("2K", ((2048, 1.0),)),
     ("~1000", ((1000, 1.0),)), ("1000 tokens", ((1000, 1.0),)), ("512 (fixed)", ((512, 1.0),)),
     ("100-107", tuple((n, 1 / 8) for n in range(100, 108))),
+    ("random 1024", ((1024, 1.0),)), ("Random-1K", ((1024, 1.0),)), ("fixed 512", ((512, 1.0),)),
+    ("1024.0", ((1024, 1.0),)),
 ])
 def test_length_cells(text, bins):
     from meshplan.calibrate.serve_cells import length_bins

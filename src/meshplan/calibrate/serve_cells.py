@@ -24,11 +24,9 @@ def _count(text: str) -> int | None:
     if not m:
         return None
     digits, k = m.group(1).replace(",", ""), m.group(2)
-    if "." in digits and not k:
-        return None  # "1.5" tokens
     if len(digits) > 12:
         return None
-    value = float(digits) * 1024 if k else int(digits)  # "1k" prompts are 1024 tokens
+    value = float(digits) * (1024 if k else 1)  # "1k" prompts are 1024 tokens; "1024.0" is 1024, "1.5" none
     return int(value) if value == int(value) and 1 <= value <= MAX_TOKENS else None
 
 
@@ -47,6 +45,7 @@ def length_bins(text: str, where: str) -> tuple[tuple[int, float], ...] | None:
         return None
     t = re.sub(r"\([^)]*\)", "", text).strip().lower()  # "512 (fixed)": a parenthesised detail
     t = re.sub(r"\s*tokens?$", "", t).lstrip("~≈ ").strip()
+    t = re.sub(r"^(?:random|fixed|uniform|avg|average|mean)\b[\s:=_-]*", "", t)  # "random 1024", "Random-1K"
     n = _count(t)
     if n is not None:
         return ((n, 1.0),)

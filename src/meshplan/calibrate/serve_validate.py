@@ -241,11 +241,8 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
         replicas = max(stated // (tp * pp * adp), 1) if stated else max(dp // adp, 1)
     elif stated and not (row.get("dp") or "").strip() and stated % (tp * pp) == 0:
         replicas = stated // (tp * pp)  # as an unstated tp is read: the GPUs the row states over tp x pp
-    if stated and tp * pp * adp * replicas > stated:
-        raise SpecError(f"{row['id']}.n_gpus", stated, f"is fewer than tp x pp x dp = {tp * pp * adp * replicas} "
-                        "GPUs the row's layout needs")
     try:
-        return ServePlan(tp=tp, pp=pp, ep=ep, attn_dp=adp, replicas=replicas, precision=prec, kv_dtype=kv,
+        plan = ServePlan(tp=tp, pp=pp, ep=ep, attn_dp=adp, replicas=replicas, precision=prec, kv_dtype=kv,
                          engine=engine.name)
     except SpecError as exc:
         name = exc.field.removeprefix("serve.")
@@ -254,6 +251,10 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
         value = row["precision"].strip() if name == "precision" else exc.value
         context = f" (ep={ep} over tp={tp}: ep / tp attention groups)" if name == "attn_dp" else ""
         raise SpecError(f"{row['id']}.{name}", value, exc.expected + context, exc.suggestions) from None
+    if stated and plan.gpus_per_replica * plan.replicas > stated:
+        raise SpecError(f"{row['id']}.n_gpus", stated, f"is fewer than the {plan.gpus_per_replica * plan.replicas} "
+                        "GPUs of the row's layout (tp x pp x dp)")
+    return plan
 
 
 def _unstated_tp(row: dict) -> int:
