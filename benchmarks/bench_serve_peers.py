@@ -51,7 +51,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from meshplan.calibrate.serve_validate import OFFLINE, validate_serving_csv
+from meshplan.calibrate.serve_cells import OFFLINE
+from meshplan.calibrate.serve_validate import validate_serving_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT.parent / "shared" / "validation" / "inference_visible.csv"

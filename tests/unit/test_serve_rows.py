@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from meshplan import catalog
+from meshplan.calibrate.serve_cells import row_load
 from meshplan.calibrate.serve_constants import load_constants
-from meshplan.calibrate.serve_validate import reported, row_load, row_workload
+from meshplan.calibrate.serve_validate import reported, row_workload
 from meshplan.cost.serve_load import predict_load
 from meshplan.cost.serve_step import step_context
 from meshplan.cost.serve_tail import quantile

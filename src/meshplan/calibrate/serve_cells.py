@@ -1,5 +1,6 @@
-"""Length cells of a serving CSV as sources write them: ``1024``, ``1,024``, ``1k``, ``~1000``, ``1024 tokens``,
-``512 (fixed)``, a range ``512-1536`` of lengths drawn uniformly, or a catalog dataset's name (``ShareGPT``)."""
+"""Cells of a serving CSV as sources write them: lengths (``1024``, ``1,024``, ``1k``, ``~1000``, ``512 (fixed)``, a
+range ``512-1536`` drawn uniformly, a catalog dataset's name), the statistic a latency is, the weight format, the
+measured value, and the load (clients, a rate, offline, a benchmark scenario)."""
 
 from __future__ import annotations
 
@@ -122,3 +123,65 @@ def measured_value(text: str) -> float | None:
     """The number a ``value`` cell states (a parenthesised detail dropped), or None."""
     m = VALUE.match(re.sub(r"\([^)]*\)", "", text or "").strip().lower())
     return float(m.group(1).replace(",", "")) if m else None
+
+
+OFFLINE = ("max", "offline", "inf", "unlimited", "∞")
+"""``concurrency`` words that mean an offline run (every request queued at once)."""
+RATE_UNIT = re.compile(r"^(\d+(?:\.\d+)?)\s*(?:qps|rps|req/s|reqs/s|requests/s|requests per second|/s)$"
+                       r"|^(?:qps|rps|rate|request rate)\s*[=:]?\s*(\d+(?:\.\d+)?)(?:\s*/s)?$")
+"""An open-loop rate in the ``concurrency`` column: ``4 qps``, ``4 req/s``, ``qps=4`` (a parenthesised detail,
+"(Poisson)", dropped first)."""
+CLIENTS = re.compile(r"^(?:c|n|conc|(?:max(?:imum)?[- _]?)?(?:concurrency|clients|users))\s*[=:]?\s*(\d+)$"
+                     r"|^(\d+)\s*(?:concurrent(?:\s+(?:requests|users|clients))?|clients|users|requests in flight)$")
+"""A closed loop's clients as other sources write them: ``c=64``, ``concurrency 64``, ``64 concurrent users``."""
+OFFLINE_CELL = re.compile(r"^(?:max|maximum|offline|inf|infinite|unlimited|∞)\b\s*(?:\(.*)?$")
+"""An offline run's cell: the word alone or with a parenthesised detail ("max (offline)", "inf (5000 prompts)"),
+not "max 64" or "max batch 256" (a cap, not a load)."""
+OPEN_LOOP = re.compile(r"poisson|open[- ]loop|\bqps\b|request[- _]rate|req/s|requests per second|arrival rate")
+"""Notes that say a bare number in ``concurrency`` is a rate (INFERENCE.md: the column holds the QPS of an open-loop
+run)."""
+NOTES_RATE = re.compile(r"request[- _]rate[\s:=]*(\d+(?:\.\d+)?|inf)\b"
+                        r"|(\d+(?:\.\d+)?)\s*(?:qps|req/s|reqs/s|requests/s|requests per second)\b"
+                        r"|\bqps[\s:=]*(\d+(?:\.\d+)?)\b")
+"""Where ``concurrency`` is empty, INFERENCE.md puts an open loop's rate in ``notes`` ("request rate 4/s")."""
+SCENARIOS = ("server", "interactive")
+"""``concurrency`` values that name a benchmark's latency-bound scenario ("server (Poisson)"): the rate is the
+highest its dataset's constraints allow (``Dataset.scenarios``)."""
+
+
+def row_load(row: dict) -> dict:
+    """The load of a row: closed loop (a number of clients), offline (``max``, ``offline``, ``inf``), an open
+    loop (a rate with its unit in ``concurrency``, or, when that is empty, the rate the notes state), or a
+    benchmark scenario (its rate is found later: the load here is offline)."""
+    conc = (row.get("concurrency") or "").strip().lower()
+    bare = conc.split("(", 1)[0].strip().lstrip("-")  # "64 (closed loop)", "4 req/s (Poisson)", "--max-concurrency 64"
+    notes = (row.get("notes") or "").lower()
+    clients = CLIENTS.match(bare)  # before the offline words: "max-concurrency 16" is 16 clients
+    if clients:
+        return _load(row, concurrency=int(clients.group(1) or clients.group(2)))
+    if OFFLINE_CELL.match(conc) or conc.startswith(SCENARIOS):
+        return {}
+    if re.fullmatch(r"\d+(?:\.\d+)?", bare) and OPEN_LOOP.search(notes):  # a QPS, as the notes say
+        said = NOTES_RATE.search(notes)
+        rate = next((g for g in said.groups() if g), bare) if said else bare
+        return {} if rate == "inf" else _load(row, rate=float(rate))
+    if bare.isdigit() or re.fullmatch(r"\d+\.0+", bare):
+        return _load(row, concurrency=int(float(bare)))
+    unit = RATE_UNIT.match(bare)
+    if unit:
+        return _load(row, rate=float(unit.group(1) or unit.group(2)))
+    if not conc:
+        said = NOTES_RATE.search((row.get("notes") or "").lower())
+        if said:
+            rate = next(g for g in said.groups() if g)
+            return {} if rate == "inf" else {"rate": float(rate)}
+    raise SpecError(f"{row['id']}.concurrency", conc, "must be a number of clients, a rate such as '4 qps', or "
+                    "an offline run ('max', 'offline'); an empty one needs the rate in the notes")
+
+
+def _load(row: dict, **load: float) -> dict:
+    """A closed or open loop with a load above zero (zero clients or requests/s is no run, not an offline one)."""
+    if not next(iter(load.values())) > 0:
+        raise SpecError(f"{row['id']}.concurrency", row.get("concurrency", "").strip(),
+                        "must be at least one client or a rate above 0 (an offline run: 'max', 'offline')")
+    return load
