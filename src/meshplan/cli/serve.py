@@ -33,8 +33,43 @@ def _percentile(text: str) -> float:
     return v / 100
 
 
+def _length_file_lines(flag: str, text: str, raw: str) -> list[tuple[str, str]]:
+    """(length, weight) cells of a length file's lines, strictly: ``lengths`` says the rules."""
+    from meshplan.errors import SpecError
+
+    pairs: list[tuple[str, str]] = []
+    header = False
+    for no, line in enumerate(raw.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        cells = [c.strip() for c in line.replace(":", ",").split(",")]
+        if not pairs and not header and cells[0][:1] not in "0123456789+-.":
+            header = True  # a column header such as "length,weight"
+            continue
+        where = f"{flag} {text} line {no}"
+        if len(cells) != 2:
+            raise SpecError(where, line, "expected length,weight: a whole number of tokens >= 1, a comma and "
+                            "a weight > 0")
+        n, w = cells
+        if not (n.isascii() and n.isdigit() and int(n) >= 1):
+            raise SpecError(where, line, f"the length {n!r} must be a whole number of tokens >= 1")
+        try:
+            weight = float(w)
+        except ValueError:
+            weight = math.nan
+        if not 0 < weight < math.inf:
+            raise SpecError(where, line, f"the weight {w!r} must be a finite number > 0")
+        pairs.append((n, w))
+    if not pairs:
+        raise SpecError(flag, text, "has no length,weight lines (only blank lines, # comments or a header): "
+                        "give one line per length, e.g. 1024,3")
+    return pairs
+
+
 def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
-    """``--input-len``/``--output-len``: a number of tokens, inline bins ``128:3,512:1`` (length:weight), a
+    """``--input-len``/``--output-len``: a number of tokens (``1024``, ``1k``), a range drawn uniformly
+    (``512-1536``, ``calibrate.serve_cells``), inline bins ``128:3,512:1`` (length:weight), a
     file of ``length,weight`` lines (a header line and ``#`` comments allowed) or a JSON list of [length, weight],
     or a benchmark dataset of the catalog (``sharegpt``: its lengths as the serving benchmarks sample them).
 
@@ -46,36 +81,6 @@ def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
 
     from meshplan import catalog
     from meshplan.errors import SpecError
-
-    def file_lines(raw: str) -> list[tuple[str, str]]:
-        pairs: list[tuple[str, str]] = []
-        header = False
-        for no, line in enumerate(raw.splitlines(), 1):
-            line = line.split("#", 1)[0].strip()
-            if not line:
-                continue
-            cells = [c.strip() for c in line.replace(":", ",").split(",")]
-            if not pairs and not header and cells[0][:1] not in "0123456789+-.":
-                header = True  # a column header such as "length,weight"
-                continue
-            where = f"{flag} {text} line {no}"
-            if len(cells) != 2:
-                raise SpecError(where, line, "expected length,weight: a whole number of tokens >= 1, a comma and "
-                                "a weight > 0")
-            n, w = cells
-            if not (n.isascii() and n.isdigit() and int(n) >= 1):
-                raise SpecError(where, line, f"the length {n!r} must be a whole number of tokens >= 1")
-            try:
-                weight = float(w)
-            except ValueError:
-                weight = math.nan
-            if not 0 < weight < math.inf:
-                raise SpecError(where, line, f"the weight {w!r} must be a finite number > 0")
-            pairs.append((n, w))
-        if not pairs:
-            raise SpecError(flag, text, "has no length,weight lines (only blank lines, # comments or a header): "
-                            "give one line per length, e.g. 1024,3")
-        return pairs
 
     text = str(text).strip()
     fmt = ("a whole number of tokens (1024, 1k), a range drawn uniformly (512-1536), bins like 128:3,512:1, a file "
@@ -105,7 +110,7 @@ def lengths(flag: str, text: str) -> tuple[tuple[int, float], ...]:
         except (OSError, UnicodeDecodeError) as exc:
             raise SpecError(flag, text, f"cannot be read as a text file of length,weight lines ({exc})") from None
         try:
-            pairs = json.loads(raw) if raw.lstrip().startswith("[") else file_lines(raw)
+            pairs = json.loads(raw) if raw.lstrip().startswith("[") else _length_file_lines(flag, text, raw)
         except json.JSONDecodeError as exc:
             raise SpecError(flag, text, f"is not valid JSON ({exc.msg} at line {exc.lineno})") from None
     else:
