@@ -12,7 +12,8 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-from meshplan.errors import SpecError, unknown_name
+from meshplan.catalog.names import alias_index, catalog_key
+from meshplan.errors import SpecError, close_matches, unknown_name
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.engine import FAMILY_NAMES, STACK_NAMES, EngineProfile, engine_from_dict, version_tuple
 from meshplan.spec.framework import FrameworkProfile
@@ -54,6 +55,15 @@ def model_names() -> list[str]:
     return sorted(_catalog("models"))
 
 
+ALIASED = ("gpus", "models")
+"""Catalogs whose entries answer to aliases and sources' spellings (``catalog.names``)."""
+
+
+@lru_cache(maxsize=None)
+def _aliases(kind: str) -> dict[str, str]:
+    return alias_index(kind, _catalog(kind))
+
+
 def _looks_like_path(ref: str) -> bool:
     return ref.endswith((".toml", ".json")) or "/" in ref
 
@@ -63,22 +73,52 @@ def _entry(kind: str, label: str, ref: str) -> dict:
     cat = _catalog(kind)
     if ref not in cat and ref.strip().lower() in cat:  # names are lower case: "H100-SXM" is h100-sxm
         ref = ref.strip().lower()
+    if ref not in cat and kind in ALIASED:  # "meta-llama/Llama-3.3-70B-Instruct", "H100 SXM5"
+        ref = _aliases(kind).get(catalog_key(kind, ref), ref)
     if ref not in cat:
-        raise unknown_name(label, ref, cat)
-    return cat[ref]
+        err = unknown_name(label, ref, cat)
+        raise SpecError(label, ref, err.expected, _close(kind, ref) if kind in ALIASED else err.suggestions)
+    return {k: v for k, v in cat[ref].items() if k != "aliases"}
+
+
+def _close(kind: str, ref: str) -> tuple[str, ...]:
+    """Catalog names close to what ``ref`` means (its key: ``Llama-3.2-3B-Instruct`` is near llama3.2-1b)."""
+    return tuple(close_matches(catalog_key(kind, ref), sorted(_catalog(kind))))
+
+
+def resolve(kind: str, ref: str) -> str | None:
+    """The catalog name ``ref`` means in ``kind`` (``gpus``, ``models``): itself, an alias, or a source's spelling
+    of either (``catalog.names``); None when it names no entry."""
+    cat = _catalog(kind)
+    if ref in cat:
+        return ref
+    return _aliases(kind).get(catalog_key(kind, ref)) if kind in ALIASED else None
+
+
+def _named_file(kind: str, label: str, ref: str) -> bool:
+    """Whether a model or GPU reference is a file: one that exists, or a name ending in .toml or .json. A
+    Hugging Face id (``meta-llama/Llama-3.1-8B``) that is neither is looked up in the catalog, and one it lacks is
+    refused with the close names and how to give its config."""
+    if ref.endswith((".toml", ".json")) or Path(ref).exists():
+        return True
+    if "/" in ref and resolve(kind, ref) is None:
+        raise SpecError(label, ref, f"is neither a file nor a catalog {label} (nor an alias of one); pass the path "
+                        f"of its config.json (Hugging Face) or of a {label} TOML", _close(kind, ref))
+    return False
 
 
 @lru_cache(maxsize=256)
 def gpu(ref: str) -> GPUSpec:
-    """A GPU by catalog name, or from a hardware-profile TOML file."""
-    if _looks_like_path(ref):
+    """A GPU by catalog name or alias, or from a hardware-profile TOML file."""
+    if _named_file("gpus", "gpu", ref):
         return gpu_from_dict(read_file(ref), ref)
     return gpu_from_dict(_entry("gpus", "gpu", ref), f"gpu[{ref}]")
 
 
 def model(ref: str) -> ModelSpec:
-    """A model by catalog name, from a meshplan model file, or from a Hugging Face ``config.json``."""
-    if _looks_like_path(ref):
+    """A model by catalog name or alias (a Hugging Face id of a catalog architecture), from a meshplan model
+    file, or from a Hugging Face ``config.json``."""
+    if _named_file("models", "model", ref):
         data = read_file(ref)
         if not isinstance(data, dict):
             raise SpecError(ref, data, "must be a table of key = value (a model file or a Hugging Face config.json)")

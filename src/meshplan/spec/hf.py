@@ -8,8 +8,8 @@ from meshplan.errors import SpecError
 from meshplan.spec.model import ROPE_SCALINGS, ModelSpec, MoESpec, decoder_model
 from meshplan.spec.typed import typed
 
-SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt2",
-             "gpt_neox")
+SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "kimi_k2",
+             "gpt2", "gpt_neox")
 
 
 def _req(cfg: dict, *keys: str, kind: str = "int"):
@@ -142,7 +142,7 @@ def model_from_hf(cfg: dict, *, name: str = "hf-model") -> ModelSpec:
         return _llama_like(cfg, name, mt)
     if mt in ("mixtral", "qwen3_moe", "qwen2_moe"):
         return _moe(cfg, name, mt)
-    if mt == "deepseek_v3":
+    if mt in ("deepseek_v3", "kimi_k2"):  # Kimi-K2's config names DeepseekV3ForCausalLM as its architecture
         return _deepseek(cfg, name)
     if mt == "gpt2":
         return _gpt2(cfg, name)
