@@ -233,7 +233,7 @@ def test_close_matches_prefers_prefixes():
     (["estimate", "--plan", "{p}"], {"p": "model = 5\n" + PLAN}, ".model"),
     (["plan", "--model", "llama3-8b", "--cluster", "/nonexist.toml", "--global-batch", "64", "--seq-len", "4096"],
      {}, "no such file"),
-    (["estimate", "--model", "llama3-8b", "--gpus", "8xh100-sxm5", "--global-batch", "8", "--seq-len", "8"], {},
+    (["estimate", "--model", "llama3-8b", "--gpus", "8xh100-sxm6", "--global-batch", "8", "--seq-len", "8"], {},
      "did you mean: h100-sxm"),
 ])
 def test_cli_one_line_exit_2(tmp_path, capsys, args, files, needle):
