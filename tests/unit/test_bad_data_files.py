@@ -95,3 +95,30 @@ def test_raw_timings_without_their_dtype(tmp_path, capsys):
     raw.write_text(json.dumps({"gemm": [], "attention": {}, "copy": {}, "collectives": []}))
     _fails(["calibrate", "--out", str(tmp_path / "hw.toml"), "--raw", str(raw)], "is incomplete or malformed",
            capsys)
+
+
+@needs_data
+@pytest.mark.parametrize("src", [RUNS, SERVING])
+@pytest.mark.parametrize("delimiter, spell", [(";", str.upper), ("\t", lambda c: c.replace("_", " ").title()),
+                                              (",", lambda c: c.replace("_", "-"))])
+def test_a_spreadsheet_export_reads_as_the_original(tmp_path, src, delimiter, spell):
+    """Header names in other cases or with spaces, and a semicolon or tab between cells, read as the file does."""
+    from meshplan.calibrate.runs import load_runs
+    from meshplan.calibrate.serve_validate import validate_serving_csv
+
+    with src.open(newline="") as fh:
+        rows = list(csv.reader(fh))[:6]
+    out = tmp_path / "export.csv"
+    with out.open("w", newline="") as fh:
+        w = csv.writer(fh, delimiter=delimiter)
+        w.writerow([spell(c) for c in rows[0]])
+        w.writerows(rows[1:])
+    with (tmp_path / "plain.csv").open("w", newline="") as fh:
+        csv.writer(fh).writerows(rows)
+    if src == SERVING:
+        got, want = validate_serving_csv(out), validate_serving_csv(tmp_path / "plain.csv")
+        assert [(r.id, r.predicted) for r in got.rows] == [(r.id, r.predicted) for r in want.rows]
+        assert len(got.rows) == 5
+    else:
+        (got, _), (want, _) = load_runs(out), load_runs(tmp_path / "plain.csv")
+        assert [r.id for r in got] == [r.id for r in want] and len(got) == 5

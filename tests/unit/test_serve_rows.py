@@ -285,3 +285,26 @@ def test_short_lines_and_impossible_layouts_are_skipped_with_reasons(tmp_path):
     reasons = dict(report.skipped)
     assert [r.id for r in report.rows] == [rows[0]["id"]]
     assert "attention heads" in reasons["bad-tp"] and "short-line" in reasons
+
+
+@pytest.mark.parametrize("cell, value", [("4", 4), ("4.0", 4), ("TP4", 4), ("tp=4", 4), ("TP 4", 4),
+                                         ("4 (tensor parallel)", 4), ("n/a", 1), ("-", 1), ("", 1)])
+def test_degree_cells_as_sources_write_them(cell, value):
+    from meshplan.calibrate.serve_cells import whole_cell
+
+    assert whole_cell(row(tp=cell), "tp", 1) == value
+
+
+@pytest.mark.parametrize("cell", ["PP2", "4.5", "four", "-1"])
+def test_a_degree_labelled_for_another_column_or_not_whole_is_refused(cell):
+    from meshplan.calibrate.serve_cells import whole_cell
+
+    with pytest.raises(SpecError, match=r"r\.tp = .*whole number"):
+        whole_cell(row(tp=cell), "tp", 1)
+
+
+def test_a_not_stated_dp_is_read_as_an_empty_one():
+    from meshplan.calibrate.serve_validate import row_plan
+
+    eng = catalog.engine("vllm")
+    assert row_plan(row(precision="bf16", n_gpus="8", tp="TP2", pp="n/a", dp="n/a"), eng).replicas == 4

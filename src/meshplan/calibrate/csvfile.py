@@ -16,16 +16,33 @@ def csv_path(path: str | Path) -> Path:
     return existing_file(path, "CSV")
 
 
+def column_name(text: str) -> str:
+    """A header cell as the loaders name columns: ``Model Key``, ``model-key`` and ``MODEL_KEY`` are ``model_key``."""
+    return "_".join(text.strip().lower().replace("-", " ").split())
+
+
+def _delimiter(first: str) -> str:
+    """The cell separator of a CSV from its header line: a comma, else a semicolon or tab where the header uses
+    one and no comma (spreadsheets in locales whose decimal mark is a comma write ``;``)."""
+    if "," in first:
+        return ","
+    return next((d for d in (";", "\t") if d in first), ",")
+
+
 def csv_rows(path: str | Path, check_header) -> Iterator[tuple[int, dict, str]]:
     """The data rows of a CSV as (line, row, why), every cell of the row stripped of surrounding blanks; ``why``
     is empty, or says why the row cannot be read (more cells than the header names, unless the last column is the
     free-text ``notes``, which an unquoted comma splits and which takes them back: the caller skips it).
     ``check_header(fieldnames)`` refuses a header first; one naming a column twice is refused here. Read as UTF-8,
-    a leading byte-order mark dropped."""
+    a leading byte-order mark dropped; column names as ``column_name`` spells them, cells split at ``_delimiter``."""
     p = csv_path(path)
     try:
         with p.open(newline="", encoding="utf-8-sig") as fh:
-            reader = csv.DictReader(fh)
+            delimiter = _delimiter(fh.readline())
+            fh.seek(0)
+            reader = csv.DictReader(fh, delimiter=delimiter)
+            if reader.fieldnames:
+                reader.fieldnames = [column_name(c) for c in reader.fieldnames]
             header = list(reader.fieldnames or ())
             dup = next((c for i, c in enumerate(header) if c in header[:i]), None)
             if dup is not None:
@@ -52,6 +69,9 @@ def csv_header(path: str | Path) -> list[str] | None:
     """The header row of a CSV file (None when it is empty or unreadable: ``csv_rows`` then says why)."""
     try:
         with csv_path(path).open(newline="", encoding="utf-8-sig") as fh:
-            return next(csv.reader(fh), None)
+            delimiter = _delimiter(fh.readline())
+            fh.seek(0)
+            header = next(csv.reader(fh, delimiter=delimiter), None)
+            return None if header is None else [column_name(c) for c in header]
     except (UnicodeDecodeError, csv.Error):
         return None

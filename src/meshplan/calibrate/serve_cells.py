@@ -103,6 +103,31 @@ def row_statistic(row: dict) -> float | None:
     return found.pop() if len(found) == 1 else None
 
 
+NOT_STATED = ("n/a", "na", "-", "–", "—", "none", "not stated", "unknown")
+"""Cells that say a source gives no value (the column's default applies, as for an empty cell)."""
+DEGREE = re.compile(r"^(?:([a-z]+)\s*[=:]?\s*)?(\d+)(?:\.0+)?(?:\s*\(.*\))?$")
+"""A degree as sources write it: ``4``, ``4.0``, ``TP4``, ``tp=4``, ``TP 4``, ``4 (tensor parallel)``."""
+
+
+def stated_cell(row: dict, key: str) -> bool:
+    """Whether a row's cell states a value (not empty, not ``n/a``)."""
+    v = (row.get(key) or "").strip()
+    return bool(v) and v.lower() not in NOT_STATED
+
+
+def whole_cell(row: dict, key: str, default: int) -> int:
+    """A whole-number cell of a serving row (a parallel degree, a batch cap): a number, or a number labelled
+    with its own column's name (``TP4``, ``tp=4``, ``4 (TP)``); empty or not stated (``n/a``, ``-``) is
+    ``default``; anything else is refused."""
+    if not stated_cell(row, key):
+        return default
+    v = row[key].strip()
+    m = DEGREE.match(v.lower())
+    if m is None or (m.group(1) and m.group(1) != key.lower()):
+        raise SpecError(f"{row.get('id', '')}.{key}", v, "must be a whole number (or empty / n/a: not stated)")
+    return int(m.group(2))
+
+
 PRECISION_WORDS = ((r"nvfp4|mxfp4|\bfp4\b", "fp4"), (r"awq|gptq|w4a16|\bint4\b", "int4"), (r"fp8|e4m3", "fp8"))
 """Weight formats anywhere in a precision cell ("fp16 (AWQ)" serves 4-bit weights, "W8A8-FP8" fp8 ones): the
 quantized format is what the weights are read in, whatever compute dtype the cell names beside it."""

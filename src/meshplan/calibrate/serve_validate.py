@@ -17,7 +17,9 @@ from meshplan.calibrate.serve_cells import (
     measured_value,
     row_load,
     row_statistic,
+    stated_cell,
     weight_format,
+    whole_cell,
 )
 from meshplan.cost.serve_capacity import sustainable_rate
 from meshplan.cost.serve_load import ServePrediction, fit_check, predict_load
@@ -111,16 +113,6 @@ def row_engine(row: dict) -> EngineProfile:
         raise SpecError(f"{row['id']}.framework", row["framework"].strip(), exc.expected) from None
 
 
-def _int(row: dict, key: str, default: int = 1) -> int:
-    v = (row.get(key) or "").strip()
-    if not v:
-        return default
-    try:
-        return int(v)
-    except ValueError:
-        raise SpecError(f"{row['id']}.{key}", v, "must be a whole number") from None
-
-
 def row_scenario(row: dict) -> Scenario | None:
     """The latency-bound scenario a row's ``concurrency`` names, with its dataset's constraints, or None."""
     conc = (row.get("concurrency") or "").strip().lower()
@@ -167,7 +159,8 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
     prec = precision_name(row["precision"])
     prec = weight_format(row["precision"]) or PRECISION_NAMES.get(prec, prec)
     kv = "fp8" if prec in ("fp8", "fp4") and engine.fp8_kv else ("fp16" if prec == "fp16" else "bf16")
-    tp, pp, ep, dp = _int(row, "tp", _unstated_tp(row)), _int(row, "pp"), _int(row, "ep"), _int(row, "dp")
+    tp = whole_cell(row, "tp", _unstated_tp(row))
+    pp, ep, dp = (whole_cell(row, k, 1) for k in ("pp", "ep", "dp"))
     for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("dp", dp)):
         if value < 1:
             raise SpecError(f"{row['id']}.{name}", row[name].strip(), "must be a whole number >= 1 (empty: 1)")
@@ -181,7 +174,7 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
     replicas = dp
     if adp > 1:
         replicas = max(stated // (tp * pp * adp), 1) if stated else max(dp // adp, 1)
-    elif stated and not (row.get("dp") or "").strip() and stated % (tp * pp) == 0:
+    elif stated and not stated_cell(row, "dp") and stated % (tp * pp) == 0:
         replicas = stated // (tp * pp)  # as an unstated tp is read: the GPUs the row states over tp x pp
     try:
         plan = ServePlan(tp=tp, pp=pp, ep=ep, attn_dp=adp, replicas=replicas, precision=prec, kv_dtype=kv,
@@ -202,7 +195,7 @@ def row_plan(row: dict, engine: EngineProfile) -> ServePlan:
 def _unstated_tp(row: dict) -> int:
     """The TP degree of a row that leaves ``tp`` empty but states its GPUs: what they leave over pp x dp (one GPU
     per replica stage would not hold what needed the rest), else 1."""
-    n_gpus, rest = (row.get("n_gpus") or "").strip(), _int(row, "pp") * _int(row, "dp")
+    n_gpus, rest = (row.get("n_gpus") or "").strip(), whole_cell(row, "pp", 1) * whole_cell(row, "dp", 1)
     if n_gpus.isdigit() and rest >= 1 and int(n_gpus) % rest == 0:
         return max(int(n_gpus) // rest, 1)
     return 1
@@ -262,8 +255,8 @@ def row_context(row: dict, constants: dict) -> tuple[StepContext, ServePlan, Wor
     if engine.max_pp and plan.pp > engine.max_pp:
         raise SpecError(f"{row['id']}.pp", plan.pp, f"{engine.name} runs at most {engine.max_pp} pipeline stage(s)")
     engine = sized_engine(engine, model, plan, cluster.pools[0], work)
-    if (row.get("batch") or "").strip():  # the source's running-batch cap (MLPerf gpu_batch_size) is pinned
-        engine = with_cap(engine, _int(row, "batch"))
+    if stated_cell(row, "batch"):  # the source's running-batch cap (MLPerf gpu_batch_size) is pinned
+        engine = with_cap(engine, whole_cell(row, "batch", 1))
     return step_context(model, cluster.pools[0], plan, engine, constants), plan, work
 
 
