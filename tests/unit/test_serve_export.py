@@ -31,6 +31,7 @@ from meshplan.export.serve import export_serving
 from meshplan.export.serve_common import context_len, make_job, num_prompts, placements
 from meshplan.export.serve_trtllm import graph_sizes
 from meshplan.spec.serving import ServePlan, Workload
+from meshplan.spec.speculation import Speculation
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "serve"
 PARSERS = Path(sys.prefix) / "serveparsers"
@@ -84,6 +85,28 @@ CASES = {
                                 precision="fp8", engine="sglang"), "sglang", W_CLOSED, None),
     "trtllm-deepseek-adp8": ("deepseek-v3", "deepseek-ai/DeepSeek-V3", ServePlan(tp=1, attn_dp=8, ep=8,
                              precision="fp8", engine="trtllm"), "trtllm", W_CLOSED, None),
+}
+EAGLE3_8B = Speculation(method="eagle", draft_tokens=3, acceptance=0.7,
+                       checkpoint="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
+EAGLE3_70B = Speculation(method="eagle", draft_tokens=4, acceptance=0.7,
+                         checkpoint="yuhuili/EAGLE3-LLaMA3.3-Instruct-70B")
+MTP = Speculation(method="mtp", draft_tokens=2, acceptance=0.85)
+DRAFT_1B = Speculation(method="draft", draft_tokens=5, acceptance=0.6, draft=catalog.model("llama3.2-1b"),
+                       checkpoint="meta-llama/Llama-3.2-1B-Instruct")
+NGRAM = Speculation(method="ngram", draft_tokens=3, acceptance=0.3)
+CASES |= {  # speculative decoding, one drafter per engine
+    "vllm-eagle3": ("llama3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", ServePlan(tp=1, speculation=EAGLE3_8B), "vllm",
+                    W_CLOSED, None),
+    "vllm-deepseek-mtp": ("deepseek-v3", "deepseek-ai/DeepSeek-V3", ServePlan(tp=8, precision="fp8", speculation=MTP),
+                          "vllm", W_CLOSED, None),
+    "sglang-deepseek-mtp": ("deepseek-v3", "deepseek-ai/DeepSeek-V3", ServePlan(tp=8, precision="fp8",
+                            engine="sglang", speculation=MTP), "sglang", W_CLOSED, None),
+    "sglang-draft": ("llama3.1-70b", REF, ServePlan(tp=4, engine="sglang", speculation=DRAFT_1B), "sglang", W_OPEN,
+                     None),
+    "trtllm-eagle3": ("llama3.1-70b", REF, ServePlan(tp=4, engine="trtllm", speculation=EAGLE3_70B), "trtllm",
+                      W_CLOSED, None),
+    "trtllm-ngram": ("llama3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", ServePlan(tp=1, engine="trtllm",
+                     speculation=NGRAM), "trtllm", W_OFFLINE, None),
 }
 GOLDEN_CASES = list(CASES)[:4]
 
@@ -367,6 +390,10 @@ def test_vllm_serve_commands_parsed_by_vllm(pkg, vllm_parsed):
             assert a["enable_expert_parallel"] == (p.ep > 1) and a["cuda_graph_sizes"] == [e.cuda_graph_max_batch]
             kv = a["kv_transfer_config"]
             assert (kv or {}).get("kv_connector") == ("NixlConnector" if job.disaggregated else None)
+            sp = p.speculation
+            want = None if sp is None else {"num_speculative_tokens": sp.draft_tokens} | (
+                {"method": sp.method} if sp.method in ("mtp", "ngram") else {"model": sp.checkpoint})
+            assert a["speculative_config"] == want, name
     # the parsers are the releases': 0.6.0 has no data parallelism nor KV connectors, 0.11.0 has both
     assert [r["ok"] for r in got["negative"]] == ([False, False] if pkg == "vllm-0.6.0" else [True, True])
 
@@ -441,6 +468,12 @@ def test_sglang_commands_parsed_by_sglang(pkg, sglang_parsed):
             assert a["ep_size"] == (p.ep if job.model.is_moe else 1)
             assert a["disaggregation_mode"] == ("null" if role == "serve" else role)
             assert a["nnodes"] == -(-p.gpus_per_replica // 8)
+            sp = p.speculation
+            spec = (a["speculative_algorithm"], a["speculative_num_steps"], a["speculative_eagle_topk"],
+                    a["speculative_num_draft_tokens"], a["speculative_draft_model_path"])
+            assert spec == ((None,) * 5 if sp is None else (
+                {"mtp": "NEXTN", "draft": "STANDALONE", "ngram": "NGRAM"}.get(sp.method, "EAGLE3"), sp.draft_tokens, 1,
+                sp.draft_tokens + 1, sp.checkpoint or None)), name
     for (name, _, argv), res in got["bench"]:
         assert res["ok"], (name, res.get("error"))
         a, w = res["args"], CASES[name][4]
@@ -535,6 +568,12 @@ def test_trtllm_exports_against_its_source(name, exports):
         assert (opts.cache_transceiver_config is not None) == job.disaggregated
         assert opts.scheduler_config.capacity_scheduler_policy == "GUARANTEED_NO_EVICT"  # admission 'reserve'
         assert bool(opts.enable_attention_dp) == (p.attn_dp > 1)
+        sp, got = p.speculation, opts.speculative_config
+        assert (got is None) == (sp is None)
+        if sp is not None:
+            kind = {"mtp": "MTP", "ngram": "NGram", "draft": "Draft_Target"}.get(sp.method, "Eagle3")
+            assert got.decoding_type == kind and got.speculative_model_dir == (sp.checkpoint or None)
+            assert (got.num_nextn_predict_layers if sp.method == "mtp" else got.max_draft_len) == sp.draft_tokens
 
 
 def test_trtllm_reference_refuses_what_the_source_does_not_have():

@@ -266,19 +266,32 @@ def serve_cmd(
                                    "path (needed by --export), e.g. meta-llama/Llama-3.1-70B-Instruct."),
     allow_approximate: bool = typer.Option(False, "--allow-approximate", help="Exit 0 even when the engine "
                                            "cannot express part of the plan (else 3, as meshplan export)."),
+    speculative: str = typer.Option("", "--speculative", help="Speculative decoding: mtp (the model's own MTP "
+                                    "module), eagle (an EAGLE head), ngram (prompt lookup) or draft (a draft "
+                                    "model); needs --acceptance or --accept-length."),
+    draft_tokens: int = typer.Option(0, "--draft-tokens", min=0, help="Draft tokens per pass (default 3)."),
+    acceptance: float = typer.Option(0.0, "--acceptance", help="Share of draft tokens accepted (0-1)."),
+    accept_length: float = typer.Option(0.0, "--accept-length", help="Mean tokens a pass yields, as the engine "
+                                        "logs it (alternative to --acceptance)."),
+    draft_model: str = typer.Option("", "--draft-model", help="EAGLE head checkpoint (eagle) or draft model "
+                                    "(draft: catalog name, HF id or config.json)."),
 ) -> None:
     """Find the serving deployment with the most throughput (or least cost, or latency) that meets the SLOs."""
+    from meshplan.cli.serve_spec import speculation_from_flags
     from meshplan.errors import SpecError
 
     if not 0 <= price < math.inf:
         raise SpecError("--price", price, "must be a finite number of dollars per GPU-hour (0 = the catalog's)")
     export = _export_option(export_dir, checkpoint, allow_approximate, engine)
+    spec = speculation_from_flags(method=speculative, draft_tokens=draft_tokens, acceptance=acceptance,
+                                  accept_length=accept_length, draft_model=draft_model)
     req = build_request(
         model_ref=model, gpus=gpus, cluster_file=cluster, engine=engine,
         work=dict(input_len=input_len, output_len=output_len, concurrency=concurrency, rate=rate),
         slo=dict(ttft_ms=ttft_ms, tpot_ms=tpot_ms, percentile=percentile),
         layout=dict(precision=precision, kv_dtype=kv_dtype, tp=tp, pp=pp, ep=ep, attn_dp=attn_dp,
-                    replicas=replicas, max_num_seqs=max_num_seqs, disagg=disagg, objective=objective, price=price))
+                    replicas=replicas, max_num_seqs=max_num_seqs, disagg=disagg, objective=objective, price=price,
+                    speculation=spec))
     code = run_serve(req, top=top, as_json=as_json, export=export)
     if code:
         raise typer.Exit(code)

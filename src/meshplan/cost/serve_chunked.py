@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.cost.serve_spec import tokens_per_pass, verify_rows
 from meshplan.cost.serve_step import StepContext, decode_time, mixed_time, step_budget
 from meshplan.spec.serving import Workload
 
@@ -42,6 +43,8 @@ class ChunkedState:
     """Prompt tokens one mixed iteration has room for."""
     seq: int = 1
     """Length of the prompts whose causal attention the mixed iteration's chunk carries (length-biased)."""
+    tokens_per_pass: float = 1.0
+    """Tokens every iteration yields a decoding sequence (a speculating engine's mean acceptance length)."""
 
     def first_for(self, tokens: float) -> float:
         """The iterations that prefill a prompt of ``tokens`` to its first token: one when it fits the room, else
@@ -50,7 +53,7 @@ class ChunkedState:
 
     @property
     def iteration(self) -> float:
-        """The mean iteration: every running sequence's time per output token."""
+        """The mean iteration: every running sequence's time per ``tokens_per_pass`` output tokens."""
         return self.share * self.t_mixed + (1.0 - self.share) * self.t_decode
 
 
@@ -63,10 +66,13 @@ def chunked_state(ctx: StepContext, work: Workload, resident: int) -> ChunkedSta
     # causal attention of the mix is that of prompts of E[I^2] / E[I] tokens.
     seq = max(int(round(sum(p * n * n for n, p in bins) / max(mean_in, 1e-9))), 1)
     out = max(work.output_len, 1)
-    n_d = max(1, min(resident, int(budget * out / (out + mean_in))))
+    # A speculating decode takes k + 1 of the budget's tokens and yields tau: its sequence finishes tau / O per
+    # iteration, and its replacement's prompt must ride in the same budget
+    q, tau = verify_rows(ctx), tokens_per_pass(ctx)
+    n_d = max(1, min(resident, int(budget / (q + tau * mean_in / out))))
     # An engine that never splits a prompt runs it whole in the iteration it joins (TRT-LLM without chunked context)
-    room = max(budget - n_d, 1) if ctx.engine.chunked_prefill else max(budget - n_d, int(mean_in), 1)
-    need = n_d * mean_in / out
+    room = max(budget - n_d * q, 1) if ctx.engine.chunked_prefill else max(budget - n_d * q, int(mean_in), 1)
+    need = n_d * tau * mean_in / out
     chunk = max(1, int(min(room, max(need, mean_in))))
     share = min(need / chunk, 1.0)
     context = work.mean_context
@@ -75,7 +81,7 @@ def chunked_state(ctx: StepContext, work: Workload, resident: int) -> ChunkedSta
     first = max(mean_in / room, 1.0) * t_mixed
     return ChunkedState(decoding=n_d, chunk=chunk, share=share, t_decode=decode_time(ctx, batch=n_d, context=context),
                         t_mixed=t_mixed, first=first, prompts=max(int(room // max(mean_in, 1.0)), 1), room=room,
-                        seq=seq)
+                        seq=seq, tokens_per_pass=tau)
 
 
 def prompt_firsts(ctx: StepContext, work: Workload, st: ChunkedState) -> tuple[tuple[float, float], ...]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from meshplan.cost.serve_chunked import chunked_state, prompt_firsts
 from meshplan.cost.serve_memory import kv_bytes_per_token_per_gpu, kv_capacity_bytes, weight_bytes_per_gpu
+from meshplan.cost.serve_spec import tokens_per_pass
 from meshplan.cost.serve_step import StepContext, decode_time, prefill_time, seq_cap, step_budget
 from meshplan.cost.serve_wander import Wander, wander
 from meshplan.errors import Infeasible
@@ -34,7 +35,8 @@ class ServePrediction:
     tpot: float
     """Time per output token after the first ((E2E - TTFT) / (output - 1))."""
     itl: float
-    """Gap between streamed chunks (a multi-step engine streams several tokens per chunk)."""
+    """Gap between streamed chunks (a multi-step engine streams several tokens per chunk, a speculating one the
+    tokens each pass accepts)."""
     e2e: float
     """End-to-end latency of a request."""
     queue_wait: float
@@ -156,7 +158,7 @@ def prompts_per_step(ctx: StepContext, work: Workload, resident: int) -> int:
     steps replaces R requests), as many as the step's token budget holds (vLLM, SGLang and TRT-LLM schedule
     every waiting prompt that fits ``max_batched_tokens``), at least one."""
     fit = max(step_budget(ctx) // max(work.input_len, 1), 1)
-    return int(max(1, min(round(resident / work.output_len), fit)))
+    return int(max(1, min(round(resident * tokens_per_pass(ctx) / work.output_len), fit)))
 
 
 def steady_state(ctx: StepContext, work: Workload, resident: int) -> tuple[float, float, float, float]:
@@ -169,8 +171,9 @@ def steady_state(ctx: StepContext, work: Workload, resident: int) -> tuple[float
     k = prompts_per_step(ctx, work, resident)
     t_p = mean_prefill(ctx, work, prompts=k)
     t_d = decode_time(ctx, batch=resident, context=work.mean_context)
-    cycle = work.output_len * t_d + resident * t_p / k
-    tpot = t_d + (resident - 1) * t_p / k / work.output_len
+    per_token = t_d / tokens_per_pass(ctx)  # a speculating pass yields its mean acceptance length
+    cycle = work.output_len * per_token + resident * t_p / k
+    tpot = per_token + (resident - 1) * t_p / k / work.output_len
     return t_d, t_p, cycle, tpot
 
 
@@ -178,8 +181,9 @@ def _chunked_steady(st, work: Workload, resident: int) -> tuple[float, float, fl
     """``steady_state``'s four figures from a chunked steady state: the resident set cycles at the pace of its
     decoding part; a decoding request's tokens wait on the chunks of the other requests' prompts, not on its own,
     which was prefilled before it decodes (``others``; as ``steady_state``'s (R - 1) prompts per cycle)."""
-    cycle = resident * work.output_len * st.iteration / st.decoding
-    return st.t_decode, st.first, cycle, st.t_decode + others(resident) * (st.iteration - st.t_decode)
+    cycle = resident * work.output_len * st.iteration / (st.decoding * st.tokens_per_pass)
+    return (st.t_decode, st.first, cycle,
+            (st.t_decode + others(resident) * (st.iteration - st.t_decode)) / st.tokens_per_pass)
 
 
 def others(resident: int) -> float:
@@ -229,7 +233,8 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
     batch = wander(ctx, work, steady_state, resident=resident, cap=cap, rate=work.rate / replicas)
     ttft = wait + rounds + t_p + t_d / 2 + ctx.request_s
     return ServePrediction(
-        ttft=ttft, tpot=tpot, itl=ctx.engine.multi_step * tpot, e2e=ttft + (work.output_len - 1) * tpot,
+        ttft=ttft, tpot=tpot, itl=ctx.engine.multi_step * tokens_per_pass(ctx) * tpot,
+        e2e=ttft + (work.output_len - 1) * tpot,
         queue_wait=wait, output_tokens_per_s=replicas * x_req * work.output_len, requests_per_s=replicas * x_req,
         prompt_tokens_per_s=replicas * x_req * work.input_len,
         resident=resident, kv_capacity_tokens=kv_capacity_tokens(ctx),

@@ -4,6 +4,7 @@ engine's own sizing rule leaves; the one home of these quantities for memory, ad
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from meshplan.cost.memory import layer_params
@@ -16,6 +17,7 @@ from meshplan.spec.hardware import GiB
 from meshplan.spec.model import BlockSpec, LayerSpec, ModelSpec
 from meshplan.spec.plan import Plan
 from meshplan.spec.serving import ServePlan
+from meshplan.spec.speculation import draft_layer
 
 
 def kv_bytes_per_token(layer: LayerSpec, kv_bytes: float) -> float:
@@ -50,9 +52,16 @@ def stage_blocks(model: ModelSpec, pp: int) -> list[list[BlockSpec]]:
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
     """KV bytes one token costs the fullest GPU of a replica (its stage's layers, split over tp as far as the
-    KV heads allow)."""
-    return max(sum(kv_bytes_per_token(b.layer, plan.kv_bytes) / kv_shard(b.layer, plan.tp) for b in blocks)
-               for blocks in stage_blocks(model, plan.pp))
+    KV heads allow), with a speculating drafter's own cache: an MTP or EAGLE layer's, or a draft model's."""
+    own = max(sum(kv_bytes_per_token(b.layer, plan.kv_bytes) / kv_shard(b.layer, plan.tp) for b in blocks)
+              for blocks in stage_blocks(model, plan.pp))
+    spec = plan.speculation
+    if spec is None or spec.method == "ngram":
+        return own
+    if spec.draft is not None:
+        return own + kv_bytes_per_token_per_gpu(spec.draft, replace(plan, speculation=None))
+    layer = draft_layer(model, spec)
+    return own + kv_bytes_per_token(layer, plan.kv_bytes) / kv_shard(layer, plan.tp)
 
 
 @lru_cache(maxsize=256)
@@ -83,7 +92,21 @@ def weight_bytes_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
             attn = attention_params(b.layer)
             layers += attn / plan.tp + (dense - attn + expert) / plan.moe_group
         worst = max(worst, layers * plan.weight_bytes + table * table_bytes(plan))
-    return worst
+    return worst + draft_weight_bytes(model, plan)
+
+
+def draft_weight_bytes(model: ModelSpec, plan: ServePlan) -> float:
+    """Weight bytes per GPU of a speculating drafter: an MTP or EAGLE layer (its experts, if any, spread as the
+    model's), which reuses the model's embedding and output head; or a whole draft model at the same tp."""
+    spec = plan.speculation
+    if spec is None or spec.method == "ngram":
+        return 0.0
+    if spec.draft is not None:
+        return weight_bytes_per_gpu(spec.draft, replace(plan, speculation=None))
+    layer = draft_layer(model, spec)
+    dense, expert = layer_params(layer)
+    attn = attention_params(layer)
+    return (attn / plan.tp + (dense - attn + expert) / plan.moe_group) * plan.weight_bytes
 
 
 def table_bytes(plan: ServePlan) -> float:

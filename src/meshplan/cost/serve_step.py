@@ -215,12 +215,12 @@ def layer_parts(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv
     return parts
 
 
-def _layer_time(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv_tokens: float,
-                busy: int = 0) -> float:
+def layer_time(ctx: StepContext, layer: LayerSpec, *, tokens: int, seq: int, kv_tokens: float,
+               busy: int = 0) -> float:
     return sum(layer_parts(ctx, layer, tokens=tokens, seq=seq, kv_tokens=kv_tokens, busy=busy).values())
 
 
-def _head_time(ctx: StepContext, rows: int) -> float:
+def head_time(ctx: StepContext, rows: int) -> float:
     """The output head for ``rows`` tokens (the last token of each prefill, every decoding sequence), each
     attention group's share of them under attention data parallelism."""
     m = ctx.model
@@ -237,9 +237,9 @@ def stage_time(ctx: StepContext, blocks: list[BlockSpec], *, tokens: int, seq: i
     t = 0.0
     for b in blocks:
         if id(b) not in memo:
-            memo[id(b)] = _layer_time(ctx, b.layer, tokens=tokens, seq=seq, kv_tokens=kv_tokens, busy=busy)
+            memo[id(b)] = layer_time(ctx, b.layer, tokens=tokens, seq=seq, kv_tokens=kv_tokens, busy=busy)
         t += memo[id(b)]
-    return t + (_head_time(ctx, head_rows) if head_rows else 0.0)
+    return t + (head_time(ctx, head_rows) if head_rows else 0.0)
 
 
 def _p2p(ctx: StepContext, tokens: int) -> float:
@@ -267,20 +267,25 @@ def prefill_time(ctx: StepContext, *, tokens: int, prompts: int = 1) -> float:
 
 @lru_cache(maxsize=1 << 16)
 def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:
-    """Seconds for every one of ``batch`` running sequences (mean ``context`` cached tokens) to gain one token:
-    the batch padded to the engine's CUDA-graph size, split into pp micro-batches that flow through the stages
-    (a stage's time at batch/pp, pp of them per step, plus the sends), plus one engine step of host time. Above
-    the largest CUDA graph the kernels are launched one by one, asynchronously (TRT-LLM enqueues its engine, PyTorch
-    queues its kernels), so the launches bound a stage only when they outlast its kernels, as in ``mixed_time``."""
-    pp, groups = ctx.plan.pp, ctx.plan.attn_dp
+    """Seconds of one decode pass of ``batch`` running sequences (mean ``context`` cached tokens): every one gains
+    a token, or, speculating, its ``k`` drafts are proposed and verified (``serve_spec``: ``k + 1`` rows a sequence
+    through the model, the pass yielding ``tokens_per_pass`` tokens). The batch is padded to the engine's
+    CUDA-graph size, split into pp micro-batches that flow through the stages (a stage's time at batch/pp, pp of
+    them per step, plus the sends), plus one engine step of host time. Above the largest CUDA graph the kernels
+    are launched one by one, asynchronously (TRT-LLM enqueues its engine, PyTorch queues its kernels), so the
+    launches bound a stage only when they outlast its kernels, as in ``mixed_time``."""
+    from meshplan.cost.serve_spec import draft_time, verify_rows
+
+    pp, groups, q = ctx.plan.pp, ctx.plan.attn_dp, verify_rows(ctx)
     micro = max(-(-batch // pp), 1)
     mine = group_tokens(ctx.plan, micro)  # each attention group pads its own batch to its graphs
-    rows = groups * ctx.engine.graph_batch(mine)
+    rows = groups * ctx.engine.graph_batch(mine) * q
     stages = stage_blocks(ctx.model, pp)
     slowest = max(stage_time(ctx, blocks, tokens=rows, seq=int(context), kv_tokens=micro * context,
                              head_rows=rows if i == len(stages) - 1 else 0) for i, blocks in enumerate(stages))
-    launches = 0.0 if ctx.engine.uses_graph(mine) else _eager_launches(ctx)
-    return with_host(ctx, pp * max(slowest, launches) + (pp - 1) * _p2p(ctx, micro), batch)
+    launches = 0.0 if ctx.engine.uses_graph(mine * q) else _eager_launches(ctx)
+    device = pp * max(slowest, launches) + (pp - 1) * _p2p(ctx, micro) + draft_time(ctx, batch=batch, context=context)
+    return with_host(ctx, device, batch)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -292,32 +297,36 @@ def mixed_time(ctx: StepContext, *, batch: int, context: float, chunk: int, seq:
     of its prompts' causal attention plus the decodes' KV reads. A mixed batch replays no CUDA graph (vLLM's
     model runner and TRT-LLM capture decode-only batches), so its kernels are launched one by one: asynchronously,
     so the launches bound a stage only when they outlast its kernels."""
+    from meshplan.cost.serve_spec import draft_time, verify_rows
+
     pp = ctx.plan.pp
     micro, part = max(-(-batch // pp), 0), max(-(-chunk // pp), 1)
     stages = stage_blocks(ctx.model, pp)
-    slowest = max(_mixed_stage(ctx, blocks, decode=micro, context=context, chunk=part, seq=seq,
+    slowest = max(_mixed_stage(ctx, blocks, decode=micro, context=context, chunk=part, seq=seq, q=verify_rows(ctx),
                                last=i == len(stages) - 1) for i, blocks in enumerate(stages))
-    return with_host(ctx, pp * max(slowest, _eager_launches(ctx)) + (pp - 1) * _p2p(ctx, micro + part), batch)
+    device = pp * max(slowest, _eager_launches(ctx)) + (pp - 1) * _p2p(ctx, micro + part)
+    return with_host(ctx, device + draft_time(ctx, batch=batch, context=context), batch)
 
 
 def _mixed_stage(ctx: StepContext, blocks: list[BlockSpec], *, decode: int, context: float, chunk: int, seq: int,
-                 last: bool) -> float:
-    """One stage of ``mixed_time``: every part of a layer on all rows, its attention split into the chunk's causal
-    share and the decodes' KV reads (memoised per distinct layer). Whole prompts ride in one attention group
-    each: the busiest carries ceil(prompts / attn_dp) of the chunk's ``seq``-token prompts."""
+                 q: int, last: bool) -> float:
+    """One stage of ``mixed_time``: every part of a layer on all rows (``q`` per decoding sequence: 1, or a
+    speculating pass's k + 1), its attention split into the chunk's causal share and the decodes' KV reads
+    (memoised per distinct layer). Whole prompts ride in one attention group each: the busiest carries
+    ceil(prompts / attn_dp) of the chunk's ``seq``-token prompts."""
     memo: dict[int, float] = {}
     t = 0.0
     mine = min(chunk, group_tokens(ctx.plan, -(-chunk // max(seq, 1))) * max(seq, 1))
     for b in blocks:
         if id(b) not in memo:
-            rows = layer_parts(ctx, b.layer, tokens=decode + chunk, seq=seq, kv_tokens=0.0,
-                               busy=group_tokens(ctx.plan, decode) + mine)
+            rows = layer_parts(ctx, b.layer, tokens=decode * q + chunk, seq=seq, kv_tokens=0.0,
+                               busy=group_tokens(ctx.plan, decode) * q + mine)
             own = layer_parts(ctx, b.layer, tokens=chunk, seq=seq, kv_tokens=0.0, busy=mine)["attention"]
             kv = layer_parts(ctx, b.layer, tokens=decode, seq=int(context),
                              kv_tokens=decode * context)["attention"] if decode else 0.0
             memo[id(b)] = sum(rows.values()) - rows["attention"] + own + kv
         t += memo[id(b)]
-    return t + (_head_time(ctx, decode + 1) if last else 0.0)
+    return t + (head_time(ctx, decode * q + 1) if last else 0.0)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -340,11 +349,13 @@ def _eager_launches(ctx: StepContext) -> float:
 def decode_breakdown(ctx: StepContext, *, batch: int, context: float) -> dict[str, float]:
     """``decode_time`` by where the time goes (sums to it): the slowest stage's GEMMs (weight reads), KV reads,
     elementwise passes, TP all-reduces and output head, times pp micro-batches, plus the time by which eager
-    launches outlast the kernels, stage sends and host time."""
-    pp = ctx.plan.pp
+    launches outlast the kernels, stage sends, the drafter's proposals (speculating) and host time."""
+    from meshplan.cost.serve_spec import draft_time, verify_rows
+
+    pp, q = ctx.plan.pp, verify_rows(ctx)
     micro = max(-(-batch // pp), 1)
     mine = group_tokens(ctx.plan, micro)
-    rows = ctx.plan.attn_dp * ctx.engine.graph_batch(mine)
+    rows = ctx.plan.attn_dp * ctx.engine.graph_batch(mine) * q
     stages = stage_blocks(ctx.model, pp)
     best: dict[str, float] = {}
     for i, blocks in enumerate(stages):
@@ -352,13 +363,14 @@ def decode_breakdown(ctx: StepContext, *, batch: int, context: float) -> dict[st
         for b in blocks:
             for k, v in layer_parts(ctx, b.layer, tokens=rows, seq=int(context), kv_tokens=micro * context).items():
                 parts[k] += v
-        parts["head"] = _head_time(ctx, rows) if i == len(stages) - 1 else 0.0
+        parts["head"] = head_time(ctx, rows) if i == len(stages) - 1 else 0.0
         if sum(parts.values()) > sum(best.values()):
             best = parts
     out = {k: pp * v for k, v in best.items()}
-    eager = 0.0 if ctx.engine.uses_graph(mine) else _eager_launches(ctx)
+    eager = 0.0 if ctx.engine.uses_graph(mine * q) else _eager_launches(ctx)
     out["launches"] = pp * max(eager - sum(best.values()), 0.0)
     out["pp_sends"] = (pp - 1) * _p2p(ctx, micro)
+    out["draft"] = draft_time(ctx, batch=batch, context=context)
     device = sum(out.values())
     out["host"] = with_host(ctx, device, batch) - device
     return out

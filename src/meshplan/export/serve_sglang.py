@@ -178,6 +178,26 @@ def server_args(job: ServeJob, rel: SglangRelease, pool: Pool) -> list[str]:
         args += [rel.graph_max_flag, str(e.cuda_graph_max_batch)]
     if e.custom_allreduce_bytes == 0:
         args += ["--disable-custom-all-reduce"]
+    return args + _speculative_args(p)
+
+
+SGLANG_DRAFTERS = {"mtp": "NEXTN", "ngram": "NGRAM", "draft": "STANDALONE"}
+"""meshplan's drafters as sglang@v0.5.23 srt/arg_groups/fields/spec.py names them (EAGLE heads: EAGLE or
+EAGLE3, below)."""
+
+
+def _speculative_args(p) -> list[str]:
+    """``--speculative-*`` of sglang@v0.5.23: a chain of k drafts (``--speculative-eagle-topk 1``, so k + 1 tokens
+    verified); an EAGLE head is EAGLE3 when its checkpoint's name says so (the names vLLM reads the same way:
+    ``yuhuili/EAGLE3-LLaMA3.1-Instruct-8B``), else EAGLE."""
+    spec = p.speculation
+    if spec is None:
+        return []
+    algo = SGLANG_DRAFTERS.get(spec.method) or ("EAGLE3" if "eagle3" in spec.checkpoint.lower() else "EAGLE")
+    args = ["--speculative-algorithm", algo, "--speculative-num-steps", str(spec.draft_tokens),
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(spec.verify_rows)]
+    if spec.checkpoint:
+        args += ["--speculative-draft-model-path", spec.checkpoint]
     return args
 
 

@@ -196,7 +196,24 @@ def llm_api_options(job: ServeJob, pool: Pool) -> dict:
         opts["enable_attention_dp"] = True
     if pool.role != "serve":
         opts["cache_transceiver_config"] = {"backend": "DEFAULT"}
+    if p.speculation is not None:
+        opts["speculative_config"] = speculative_config(p.speculation)
     return opts
+
+
+def speculative_config(spec) -> dict:
+    """The LLM-API ``speculative_config`` (NVIDIA/TensorRT-LLM 1.x tensorrt_llm/llmapi/llm_args.py: decoding_type
+    MTP with num_nextn_predict_layers; Eagle / Eagle3, NGram, Draft_Target with max_draft_len; the draft weights
+    as DecodingBaseConfig.speculative_model, alias speculative_model_dir): k drafts a pass. An EAGLE head is Eagle3
+    when its checkpoint's name says so, as vLLM and SGLang read it."""
+    if spec.method == "mtp":
+        return {"decoding_type": "MTP", "num_nextn_predict_layers": spec.draft_tokens}
+    eagle = "Eagle3" if "eagle3" in spec.checkpoint.lower() else "Eagle"
+    conf = {"decoding_type": {"eagle": eagle, "ngram": "NGram", "draft": "Draft_Target"}[spec.method],
+            "max_draft_len": spec.draft_tokens}
+    if spec.checkpoint:
+        conf["speculative_model_dir"] = spec.checkpoint
+    return conf
 
 
 def _yaml_file(head: list[str], what: str, body: dict) -> str:

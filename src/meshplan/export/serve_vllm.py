@@ -187,7 +187,22 @@ def engine_args(job: ServeJob, rel: VllmRelease, pool: Pool) -> list[str]:
         args += ["--disable-custom-all-reduce"]
     if replica_nodes(pool) > 1:
         args += ["--distributed-executor-backend", "ray"]
-    return args
+    return args + _speculative_args(p)
+
+
+def _speculative_args(p) -> list[str]:
+    """``--speculative-config`` (vllm@v0.11.0 vllm/config/speculative.py): an EAGLE head's method is read from its
+    checkpoint's name (``eagle-`` / ``eagle3``), MTP drafts with the model's own module, n-gram lookup with
+    vLLM's default window (prompt_lookup_min = max = 5)."""
+    spec = p.speculation
+    if spec is None:
+        return []
+    conf: dict = {"num_speculative_tokens": spec.draft_tokens}
+    if spec.method in ("mtp", "ngram"):
+        conf["method"] = spec.method
+    else:
+        conf["model"] = spec.checkpoint
+    return ["--speculative-config", json.dumps(conf, separators=(",", ":"))]
 
 
 def _graph_args(max_batch: int, step: int, rel: VllmRelease) -> list[str]:

@@ -23,9 +23,12 @@ def headline(result: ServeResult) -> str:
            else ""]
     slo_text = " and ".join(s for s in slo if s) or "none"
     var = " (mean of a histogram)" if w.input_hist or w.output_hist else ""
+    sp = req.speculation
+    spec = (f"; speculative {sp.method}{' ' + sp.checkpoint if sp.checkpoint else ''}, {sp.draft_tokens} drafts "
+            f"at {sp.acceptance:.2f} acceptance ({sp.tokens_per_pass:.2f} tokens per pass)") if sp else ""
     return (f"{req.model.name} on {req.cluster.describe()} with {req.engine.name} ({req.engine.version}): "
             f"{w.input_len:,} in / {w.output_len:,} out tokens{var}, {load}, {req.precision} weights, "
-            f"{req.kv_dtype} KV; "
+            f"{req.kv_dtype} KV{spec}; "
             f"SLOs {slo_text} at p{round(100 * req.slo.percentile)}; objective {req.objective}")
 
 
@@ -58,8 +61,11 @@ def _gpus_of(label: str) -> int:
 
 
 def _plan_dict(p) -> dict:
+    sp = p.speculation
+    spec = None if sp is None else {"method": sp.method, "draft_tokens": sp.draft_tokens, "acceptance": sp.acceptance,
+                                    "tokens_per_pass": sp.tokens_per_pass, "draft": sp.checkpoint or None}
     return {"tp": p.tp, "pp": p.pp, "ep": p.ep, "attn_dp": p.attn_dp, "replicas": p.replicas, "precision": p.precision,
-            "kv_dtype": p.kv_dtype, "engine": p.engine}
+            "kv_dtype": p.kv_dtype, "engine": p.engine, "speculation": spec}
 
 
 def result_json(result: ServeResult, why: Explanation, top: int) -> dict:

@@ -61,7 +61,7 @@ def _replica_counts(req: ServeRequest, per_replica: int) -> list[int]:
 def _contexts(req: ServeRequest, engine: EngineProfile, *, tp: int, pp: int, ep: int,
               attn_dp: int = 1) -> tuple[ServePlan, StepContext]:
     plan = ServePlan(tp=tp, pp=pp, ep=ep, attn_dp=attn_dp, precision=req.precision, kv_dtype=req.kv_dtype,
-                     engine=req.engine.name)
+                     engine=req.engine.name, speculation=req.speculation)
     # The engine as its benchmark builds it for this layout and workload; a cap the user pinned stays as pinned,
     # one the search tries applies below the sized one.
     sized = sized_engine(req.engine, req.model, plan, req.pool, req.work)
@@ -75,7 +75,7 @@ def aggregated(req: ServeRequest) -> tuple[list[ServeCandidate], list[tuple[str,
     """Every aggregated deployment: replicas of one tp x pp (x ep) layout, each at every engine cap."""
     out, bad = [], []
     for tp in tp_options(req.model, req.pool, req.tp):
-        for pp in pp_options(req.model, req.pool.n_gpus, tp, req.pp, req.engine.max_pp):
+        for pp in pp_options(req.model, req.pool.n_gpus, tp, req.pp, 1 if req.speculation else req.engine.max_pp):
             for adp, ep in group_options(req, tp, pp):
                 for engine in engine_options(req):
                     plan, ctx = _contexts(req, engine, tp=tp, pp=pp, ep=ep, attn_dp=adp)

@@ -8,6 +8,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 
 from meshplan.cost.serve_capacity import sustainable_rate
+from meshplan.cost.serve_spec import tokens_per_pass
 from meshplan.cost.serve_step import decode_breakdown, step_budget, step_context
 from meshplan.search.serve import search
 from meshplan.search.serve_request import ServeCandidate, ServeRequest, ServeResult
@@ -16,7 +17,7 @@ from meshplan.sim.serve_run import benchmark_run
 SHARES = (("weights", ("gemm", "head")), ("KV reads", ("attention",)), ("TP all-reduce", ("allreduce",)),
           ("norms, activations and small kernels", ("elementwise",)),
           ("host and launches", ("host", "launches", "dispatch")),
-          ("pipeline sends", ("pp_sends",)))
+          ("pipeline sends", ("pp_sends",)), ("drafting", ("draft",)))
 """How a decode step's parts are named for a user."""
 MORE_GPUS = (2, 4)
 """Cluster sizes (multiples of the given one) tried for the nearest option."""
@@ -44,8 +45,8 @@ def token_time(req: ServeRequest, c: ServeCandidate) -> list[tuple[str, float]]:
     parts = decode_breakdown(ctx, batch=c.pred.resident,
                              context=req.work.mean_context)
     named = {name: sum(parts[k] for k in keys) for name, keys in SHARES}
-    if not c.disaggregated:
-        named["prefills sharing the steps"] = max(c.pred.tpot - c.pred.decode_step, 0.0)
+    if not c.disaggregated:  # a decode pass yields tokens_per_pass tokens (speculating), the rest is prefills'
+        named["prefills sharing the steps"] = max(c.pred.tpot * tokens_per_pass(ctx) - c.pred.decode_step, 0.0)
     total = sum(named.values()) or 1.0
     return sorted(((k, v / total) for k, v in named.items() if v > 0), key=lambda kv: -kv[1])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from meshplan import catalog
 from meshplan.cost.result import pareto_front
 from meshplan.cost.serve_load import ServePrediction
 from meshplan.errors import SpecError
@@ -13,6 +14,7 @@ from meshplan.spec.cluster import ClusterSpec, Pool
 from meshplan.spec.engine import EngineProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.serving import ServePlan, Workload
+from meshplan.spec.speculation import Speculation
 
 OBJECTIVES = ("throughput", "cost", "latency")
 DISAGG = ("auto", "off", "only")
@@ -60,6 +62,8 @@ class ServeRequest:
     disagg: str = "auto"
     price: float = 0.0
     """Dollars per GPU-hour (``cost`` objective); 0 = the catalog's price of the GPU."""
+    speculation: Speculation | None = None
+    """Speculative decoding every deployment runs (pinned: its acceptance is the user's data), or none."""
     constants: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -93,6 +97,7 @@ class ServeRequest:
                    f"{self.engine.name} runs no data-parallel attention (attention_dp = false); use sglang, vllm "
                    "or trtllm")
             raise SpecError("--attn-dp", self.attn_dp, why)
+        check_speculation(self.speculation, self.model, self.engine, self.pp)
         node = min(self.cluster.pools[0].gpus_per_node, self.cluster.n_gpus)
         self._check_pins(node)
         self._check_ep(node)
@@ -143,6 +148,34 @@ class ServeRequest:
     def dollars_per_gpu_hour(self) -> float:
         """The price the cost objective uses."""
         return self.price or self.pool.gpu.price_per_hour
+
+
+MTP_FAMILIES = ("deepseek_v3",)
+"""Model families whose checkpoints ship multi-token-prediction modules (DeepSeek-V3/R1 config.json
+num_nextn_predict_layers 1; vLLM deepseek_mtp, SGLang NEXTN, TensorRT-LLM MTP); a checkpoint of the family
+without them (Kimi-K2: 0) is the user's to know."""
+
+
+def check_speculation(spec: Speculation | None, model: ModelSpec, engine: EngineProfile, pp: int) -> None:
+    """Speculation a deployment can run: a drafter the engine has, on one pipeline stage, an MTP module the model
+    ships, a draft model of the same vocabulary."""
+    if spec is None:
+        return
+    if spec.method not in engine.speculative:
+        runs = ", ".join(engine.speculative) or "no speculative decoding"
+        with_it = [e for e in ("vllm", "sglang", "trtllm") if spec.method in catalog.engine(e).speculative]
+        raise SpecError("--speculative", spec.method, f"{engine.name} runs {runs} "
+                        f"({engine.sources.get('speculative', 'none read from its code')}); use "
+                        f"{', '.join(with_it) or 'another drafter'}")
+    if pp > 1:
+        raise SpecError("--pp", pp, "speculative decoding is planned on one pipeline stage; leave --pp unset")
+    if spec.method == "mtp" and model.family not in MTP_FAMILIES:
+        raise SpecError("--speculative", "mtp", f"{model.name} ({model.family}) ships no multi-token-prediction "
+                        f"module (families with one: {', '.join(MTP_FAMILIES)}); use eagle with an EAGLE head, "
+                        "ngram, or a draft model")
+    if spec.draft is not None and spec.draft.vocab != model.vocab:
+        raise SpecError("--draft-model", spec.draft.name, f"has a vocabulary of {spec.draft.vocab:,} tokens, "
+                        f"{model.name} {model.vocab:,}: a draft model must share the target's tokenizer")
 
 
 @dataclass(frozen=True, kw_only=True)

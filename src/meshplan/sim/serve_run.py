@@ -145,13 +145,13 @@ def _decode_stretch(rep: Replica, it: Iteration, dt: float, until: float) -> int
     """Passes the same decode-only pass repeats before anything changes: the first request to finish, the next
     arrival ``until`` s ahead, the free KV blocks a lazy engine's growth takes, or 1/16 of the context (its step
     time is then read again)."""
-    steps = it.steps
-    k = -(-(rep.next_finish() - rep.tokens) // steps)
+    gain = it.steps * rep.gain
+    k = math.ceil((rep.next_finish() - rep.tokens) / gain)
     if until < math.inf:
         k = min(k, max(int(until // dt), 1))
     if not rep.reserve:
-        k = min(k, max(rep.free_blocks() * rep.block // max(it.decoding * steps, 1) - 1, 1))
-    return max(min(k, int(it.context // (16 * steps))), 1)
+        k = min(k, max(int(rep.free_blocks() * rep.block // max(it.decoding * gain, 1)) - 1, 1))
+    return max(min(k, int(it.context // (16 * gain))), 1)
 
 
 def simulate_run(ctx: StepContext, work: Workload, run: BenchRun) -> RunResult:
@@ -197,12 +197,13 @@ def _advance(rep: Replica, it: Iteration, *, t: float, dt: float, k: int,
     end = t + k * dt
     finished = []
     if it.decoding:
-        before, rep.tokens = rep.tokens, rep.tokens + k * it.steps
+        gain = it.steps * rep.gain  # tokens a pass adds to each decoding sequence (speculating: its mean)
+        before, rep.tokens = rep.tokens, rep.tokens + k * gain
         key = round(dt, 9)
         gaps[key] = gaps.get(key, 0) + it.decoding * k
         while rep.decoding and rep.next_finish() <= rep.tokens:
             at, _, r = heapq.heappop(rep._finish)
-            passes = -(-(at - before) // it.steps)
+            passes = math.ceil((at - before) / gain)
             gaps[key] -= k - passes  # it streamed no more passes than it needed
             rep.tokens, at_tokens = at, rep.tokens
             rep.stop_decoding(r)

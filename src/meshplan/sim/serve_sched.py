@@ -30,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from meshplan.cost.serve_load import kv_capacity_tokens
+from meshplan.cost.serve_spec import tokens_per_pass
 from meshplan.cost.serve_step import StepContext, decode_time, mixed_time, prefill_time, seq_cap, step_budget
 
 
@@ -81,7 +82,7 @@ class Replica:
     prefilling: list = field(default_factory=list)
     decoding: dict = field(default_factory=dict)
     """id -> request, in admission order (the newest is preempted first)."""
-    tokens: int = 0
+    tokens: float = 0
     """Tokens every decoding sequence has gained since the run began (virtual time)."""
     _finish: list = field(default_factory=list)
     _base: int = 0
@@ -98,6 +99,9 @@ class Replica:
         self.budget = step_budget(self.ctx)
         self.seqs = seq_cap(self.ctx)
         self.reserve = self.ctx.engine.admission == "reserve"
+        # Tokens a decode pass adds to each running sequence: 1, or a speculating pass's mean acceptance length
+        # (the counter ``tokens`` then runs in fractions of a token)
+        self.gain = tokens_per_pass(self.ctx)
 
     # ------------------------------------------------------------------ state
     def generated(self, r: Request) -> int:
@@ -209,7 +213,7 @@ class Replica:
         while not self.reserve and len(self.decoding) > 1 and self.free_blocks() < 0:
             victim = next(reversed(self.decoding.values()))
             self.stop_decoding(victim)
-            victim.prefilled, victim.redo = 0, victim.generated
+            victim.prefilled, victim.redo = 0, int(victim.generated)
             self.waiting.appendleft(victim)
 
     # ------------------------------------------------------------------ time

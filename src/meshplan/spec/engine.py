@@ -140,6 +140,9 @@ class EngineProfile:
     """The benchmark reports a steady state, the run's start discarded (a warm-up, or time windows long enough
     for it not to weigh), so the first requests, which start together, do not count. The profile's source says
     why: genai-perf's own defaults read three windows from the start (``--stability-percentage 999``)."""
+    speculative: tuple[str, ...] = ()
+    """Speculative-decoding drafters the release runs (``spec.speculation.SPEC_METHODS``); empty: none (or none
+    this profile has read), so a plan that speculates is refused on it."""
     reports: str = "mean"
     """The statistic a harness profile's published latencies are: ``mean`` or ``median`` (over requests for
     TTFT, TPOT and end-to-end latency, over streamed gaps for ITL)."""
@@ -151,6 +154,11 @@ class EngineProfile:
                            ("build_sizing", BUILD_SIZINGS), ("reports", REPORTS)):
             if getattr(self, name) not in opts:
                 raise SpecError(f"engine.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
+        from meshplan.spec.speculation import SPEC_METHODS
+
+        bad = [m for m in self.speculative if m not in SPEC_METHODS]
+        if bad:
+            raise SpecError("engine.speculative", bad, f"drafters are {', '.join(SPEC_METHODS)}")
         if not 0 < self.kv_memory_fraction <= 1:
             raise SpecError("engine.kv_memory_fraction", self.kv_memory_fraction, "must be in (0, 1]")
         for name in ("activation_tokens", "block_size", "max_num_seqs", "max_batched_tokens", "cuda_graph_step",
@@ -216,6 +224,7 @@ def engine_from_dict(d: dict, where: str) -> EngineProfile:
     kw = dict(d)
     kw["matches"] = tuple(kw.get("matches", ()))
     kw["mentions"] = tuple(kw.get("mentions", ()))
+    kw["speculative"] = tuple(kw.get("speculative", ()))
     sources = kw.get("sources", {})
     missing = [k for k in d if (k in SETTINGS or k in ("since", "host_of")) and k not in sources]
     if missing:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from meshplan.errors import SpecError
 from meshplan.spec.hardware import DTYPE_BYTES
 from meshplan.spec.lengths import lognormal_bins, lognormal_fit
+from meshplan.spec.speculation import Speculation
 
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp4", "int4", "fp32")
 QUANTIZED = ("fp8", "fp4", "int4")
@@ -48,6 +49,8 @@ class ServePlan:
     """KV-cache element type."""
     engine: str = "vllm"
     """Serving-engine profile name (``catalog/engines``)."""
+    speculation: Speculation | None = None
+    """Speculative decoding (``spec.speculation``), or none."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "ep", "replicas", "attn_dp"):
@@ -62,6 +65,9 @@ class ServePlan:
             raise SpecError("serve.precision", self.precision, f"must be one of {', '.join(WEIGHT_DTYPES)}")
         if self.kv_dtype not in KV_DTYPES:
             raise SpecError("serve.kv_dtype", self.kv_dtype, f"must be one of {', '.join(KV_DTYPES)}")
+        if self.speculation is not None and self.pp > 1:
+            raise SpecError("serve.speculation", self.speculation.method, "speculative decoding is planned on "
+                            "replicas of one pipeline stage (pp = 1)")
 
     @property
     def gpus_per_replica(self) -> int:
