@@ -157,3 +157,26 @@ def test_speculating_serve_names_the_drafter_and_its_share(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "speculative eagle yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, 3 drafts" in out and "2.50 tokens per pass" in out
     assert "drafting" in out
+
+
+def test_disaggregated_decode_pools_divide_a_pass_by_its_tokens():
+    from meshplan.cost.serve_disagg import predict_disagg
+
+    w = Workload(input_len=1000, output_len=300, concurrency=8)
+    pre = ctx_for("llama3.1-70b", tp=4)
+    base, spec = ctx_for("llama3.1-70b", tp=4), ctx_for("llama3.1-70b", tp=4, spec=EAGLE)
+    plain, fast = (predict_disagg(pre, d, w, n_prefill=1, n_decode=1) for d in (base, spec))
+    assert fast.tpot == pytest.approx(fast.decode_step / EAGLE.tokens_per_pass)
+    assert fast.tpot < plain.tpot and fast.itl == pytest.approx(fast.decode_step)
+    assert fast.tokens_per_pass == EAGLE.tokens_per_pass
+
+
+def test_the_itl_tail_spreads_a_pass_stall_over_its_tokens():
+    from meshplan.cost.serve_tail import quantile
+
+    pred = predict_load(ctx_for(spec=EAGLE), Workload(input_len=2000, output_len=100, concurrency=64))
+    assert pred.stall > 0 and pred.stall_share > 0
+    per_token_stall = pred.stall / EAGLE.tokens_per_pass
+    base = pred.tpot - pred.stall_share * per_token_stall
+    gap = base + per_token_stall if pred.stall_share > 0.01 else base
+    assert quantile(pred, "itl", 0.99) == pytest.approx(pred.itl / pred.tpot * gap)

@@ -21,6 +21,7 @@ from meshplan.cost.serve_load import (
     resident_under_load,
 )
 from meshplan.cost.serve_memory import kv_bytes_per_token
+from meshplan.cost.serve_spec import tokens_per_pass
 from meshplan.cost.serve_step import StepContext, decode_time, prefill_time
 from meshplan.spec.cluster import group_link
 from meshplan.spec.serving import Workload
@@ -44,9 +45,10 @@ def predict_disagg(pre: StepContext, dec: StepContext, work: Workload, *, n_pref
     t_kv = kv_transfer_time(pre, dec, tokens=work.input_len)
     resident, _, limit = resident_under_load(dec, work, n_decode, _open_resident)
     t_d = decode_time(dec, batch=resident, context=work.mean_context)
+    per_token = t_d / tokens_per_pass(dec)  # a speculating pass yields its mean acceptance length
     x_prefill = n_prefill / t_p  # requests/s the prefill pool finishes
-    x_decode = n_decode * resident / (work.output_len * t_d)
-    service = t_p + t_kv + work.output_len * t_d
+    x_decode = n_decode * resident / (work.output_len * per_token)
+    service = t_p + t_kv + work.output_len * per_token
     if work.offline:
         x = min(x_prefill, x_decode)
     elif work.concurrency:
@@ -69,13 +71,14 @@ def predict_disagg(pre: StepContext, dec: StepContext, work: Workload, *, n_pref
     gpus = n_prefill * pre.plan.gpus_per_replica + n_decode * dec.plan.gpus_per_replica
     occupancy = min(resident * kv_need(dec, work) / max(kv_capacity_tokens(dec), 1), 1.0)
     return ServePrediction(
-        ttft=ttft, tpot=t_d, itl=dec.engine.multi_step * t_d, e2e=ttft + (work.output_len - 1) * t_d,
+        ttft=ttft, tpot=per_token, itl=dec.engine.multi_step * t_d, e2e=ttft + (work.output_len - 1) * per_token,
+        tokens_per_pass=tokens_per_pass(dec),
         queue_wait=wait, output_tokens_per_s=x * work.output_len, requests_per_s=x,
         prompt_tokens_per_s=x * work.input_len, resident=resident,
         kv_capacity_tokens=kv_capacity_tokens(dec), kv_occupancy=occupancy,
         limited_by=limit, decode_step=t_d, prefill=t_p, wait_fixed=fixed, wait_prob=prob, kv_transfer=t_kv,
         prefill_spread=about_mean(tuple((prefill_time(pre, tokens=n), p) for n, p in work.bins("input"))),
-        decode_spread=decode_spread(work, t_d), gpus=gpus)
+        decode_spread=decode_spread(work, per_token), gpus=gpus)
 
 
 def _open_resident(dec: StepContext, work: Workload, cap: int, n_decode: int) -> tuple[int, str]:
@@ -83,7 +86,7 @@ def _open_resident(dec: StepContext, work: Workload, cap: int, n_decode: int) ->
     lam = work.rate / n_decode
     r = 1
     for _ in range(30):
-        t_d = decode_time(dec, batch=r, context=work.mean_context)
+        t_d = decode_time(dec, batch=r, context=work.mean_context) / tokens_per_pass(dec)
         nxt = max(min(int(round(lam * work.output_len * t_d)), cap), 1)
         if nxt == r:
             break

@@ -77,6 +77,9 @@ class ServePrediction:
     step_sd: float = 0.0
     """Standard deviation of one engine step under Poisson arrivals (the prompt tokens it carries vary); the step
     a prompt joins varies so too (0 = steps are all alike)."""
+    tokens_per_pass: float = 1.0
+    """Tokens a decode pass yields a sequence (a speculating engine's mean acceptance length; ``decode_step``,
+    ``stall`` and ``residual_span`` are per pass, ``tpot`` per token)."""
     residual_span: float = 0.0
     """Span of the step (or multi-step round) an arrival finds under way, whose uniform remainder it waits (its
     mean, half the span, is in ``ttft``)."""
@@ -234,7 +237,7 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
     ttft = wait + rounds + t_p + t_d / 2 + ctx.request_s
     return ServePrediction(
         ttft=ttft, tpot=tpot, itl=ctx.engine.multi_step * tokens_per_pass(ctx) * tpot,
-        e2e=ttft + (work.output_len - 1) * tpot,
+        tokens_per_pass=tokens_per_pass(ctx), e2e=ttft + (work.output_len - 1) * tpot,
         queue_wait=wait, output_tokens_per_s=replicas * x_req * work.output_len, requests_per_s=replicas * x_req,
         prompt_tokens_per_s=replicas * x_req * work.input_len,
         resident=resident, kv_capacity_tokens=kv_capacity_tokens(ctx),

@@ -137,7 +137,9 @@ def quantile(pred: ServePrediction, metric: str, q: float) -> float:
         steps = () if pred.decode_spread else (residual(pred), step_noise(pred))
         parts = (*steps, pred.prefill_spread, pred.decode_spread)
         return pred.e2e - pred.queue_wait + shifted_wait_quantile(pred, parts, q)
-    # ITL: the gap is a plain step unless more than 1 - q of the steps carry a prefill.
-    base = pred.tpot - pred.stall_share * pred.stall
-    gap = base + pred.stall if pred.stall_share > 1 - q else base
+    # ITL: the gap is a plain step unless more than 1 - q of the steps carry a prefill (per token: a speculating
+    # pass's stall spreads over the tokens it yields).
+    stall = pred.stall / pred.tokens_per_pass
+    base = pred.tpot - pred.stall_share * stall
+    gap = base + stall if pred.stall_share > 1 - q else base
     return pred.itl / max(pred.tpot, 1e-12) * gap
