@@ -122,3 +122,17 @@ def test_a_spreadsheet_export_reads_as_the_original(tmp_path, src, delimiter, sp
     else:
         (got, _), (want, _) = load_runs(out), load_runs(tmp_path / "plain.csv")
         assert [r.id for r in got] == [r.id for r in want] and len(got) == 5
+
+
+@needs_data
+def test_blank_header_cells_stay_distinct(tmp_path):
+    from meshplan.calibrate.serve_validate import validate_serving_csv
+
+    with SERVING.open(newline="") as fh:
+        rows = list(csv.reader(fh))[:3]
+    out = tmp_path / "blanks.csv"
+    with out.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(rows[0] + ["", "  "])
+        w.writerows(r + ["", ""] for r in rows[1:])
+    assert len(validate_serving_csv(out).rows) == 2

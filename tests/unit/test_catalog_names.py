@@ -109,3 +109,29 @@ def test_kimi_k2_config_reads_as_deepseek_architecture() -> None:
            "v_head_dim": 128, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "routed_scaling_factor": 2.827}
     hf = model_from_hf(cfg, name="kimi")
     assert model_params(hf) == pytest.approx(model_params(catalog.model("kimi-k2")), rel=1e-9)
+
+
+def test_a_catalog_file_with_aliases_loads_as_a_file(tmp_path):
+    src = Path(catalog.__file__).parent
+    model = catalog.model(str(src / "models" / "deepseek-v3.toml"))
+    gpu = catalog.gpu(str(src / "gpus" / "h100-sxm.toml"))
+    assert model == catalog.model("deepseek-v3") and gpu == catalog.gpu("h100-sxm")
+
+
+def test_paths_are_files_and_names_are_catalog_entries(tmp_path, monkeypatch):
+    """A missing path is refused (not read as the catalog entry its last part names); a folder named like an
+    entry does not hide it; an id-like name that is a file is the file."""
+    with pytest.raises(SpecError, match="no such file"):
+        catalog.model("/data/ckpt/Llama-3.1-8B")
+    with pytest.raises(SpecError, match="no such file"):
+        catalog.gpu("./h100")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "llama3-8b").mkdir()
+    (tmp_path / "h100").mkdir()
+    assert catalog.model("llama3-8b").name == "llama3-8b" and catalog.gpu("h100").name == "h100"
+    with pytest.raises(SpecError, match="model = 'x' * 300|unknown model"):
+        catalog.model("x" * 300)
+    with pytest.raises(SpecError, match="unknown model"):
+        catalog.model("")
+    with pytest.raises(SpecError, match="hardware-profile TOML"):
+        catalog.gpu("foo/bar")

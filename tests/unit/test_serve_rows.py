@@ -308,3 +308,57 @@ def test_a_not_stated_dp_is_read_as_an_empty_one():
 
     eng = catalog.engine("vllm")
     assert row_plan(row(precision="bf16", n_gpus="8", tp="TP2", pp="n/a", dp="n/a"), eng).replicas == 4
+
+
+def test_a_degree_labelled_for_another_column_in_parentheses_is_refused():
+    from meshplan.calibrate.serve_cells import whole_cell
+
+    with pytest.raises(SpecError, match=r"r\.tp = '2 \(PP\)'"):
+        whole_cell(row(tp="2 (PP)"), "tp", 1)
+    assert whole_cell(row(tp="2 (tensor)"), "tp", 1) == 2
+
+
+def test_key_cells_name_files_or_fall_back_to_the_printed_names(tmp_path):
+    """A path in model_key wins over the model column; an overlong or empty key costs its row only."""
+    import csv
+
+    from meshplan.calibrate.serve_validate import validate_serving_csv
+
+    src = Path(__file__).resolve().parents[3] / "shared" / "validation" / "inference_visible.csv"
+    if not src.is_file():
+        pytest.skip("serving measurements not found")
+    first = next(csv.DictReader(src.open()))
+    small = tmp_path / "small.toml"
+    small.write_text((Path(catalog.__file__).parent / "models" / "llama3.1-8b.toml").read_text()
+                     .replace("n_layers = 32", "n_layers = 8"))
+    path = tmp_path / "rows.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(first))
+        w.writeheader()
+        w.writerow(first)
+        w.writerow({**first, "id": "file", "model_key": str(small)})
+        w.writerow({**first, "id": "long", "model_key": "x" * 300, "model": "y" * 300})
+        w.writerow({**first, "id": "empty", "model_key": "", "model": ""})
+    report = validate_serving_csv(path)
+    got = {r.id: r.predicted for r in report.rows}
+    assert got["file"] > 2 * got[first["id"]]  # a quarter of the layers
+    reasons = dict(report.skipped)
+    assert "unknown model" in reasons["long"] and "unknown model" in reasons["empty"]
+
+
+def test_a_semicolon_file_reads_decimal_commas(tmp_path):
+    import csv
+
+    from meshplan.calibrate.serve_validate import validate_serving_csv
+
+    src = Path(__file__).resolve().parents[3] / "shared" / "validation" / "inference_visible.csv"
+    if not src.is_file():
+        pytest.skip("serving measurements not found")
+    first = next(csv.DictReader(src.open()))
+    path = tmp_path / "semi.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(first), delimiter=";")
+        w.writeheader()
+        w.writerow({**first, "value": first["value"].replace(".", ",")})
+    (got,) = validate_serving_csv(path).rows
+    assert got.measured == pytest.approx(float(first["value"]))

@@ -4,6 +4,7 @@ cannot be read (one home for the runs, long-sequence and serving loaders)."""
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -17,8 +18,19 @@ def csv_path(path: str | Path) -> Path:
 
 
 def column_name(text: str) -> str:
-    """A header cell as the loaders name columns: ``Model Key``, ``model-key`` and ``MODEL_KEY`` are ``model_key``."""
-    return "_".join(text.strip().lower().replace("-", " ").split())
+    """A header cell as the loaders name columns: ``Model Key``, ``model-key`` and ``MODEL_KEY`` are ``model_key``
+    (a blank one stays as written: no loader reads it)."""
+    return "_".join(text.strip().lower().replace("-", " ").split()) or text
+
+
+DECIMAL_COMMA = re.compile(r"^([~≈]?\s*-?\d+),(\d+)(\s*[a-z/%]*)$", re.IGNORECASE)
+"""A number written with a decimal comma (``154,960``, ``0,123 s``): what a ``;``-separated file from a locale
+whose decimal mark is a comma holds (its thousands, if marked, are dots or spaces)."""
+
+
+def _decimal_points(row: dict) -> dict:
+    """``row`` with every decimal comma of a ``;``-separated file read as a point."""
+    return {k: DECIMAL_COMMA.sub(r"\1.\2\3", v) if isinstance(v, str) else v for k, v in row.items()}
 
 
 def _delimiter(first: str) -> str:
@@ -52,6 +64,8 @@ def csv_rows(path: str | Path, check_header) -> Iterator[tuple[int, dict, str]]:
             for row in reader:
                 extra = row.pop(None, None)  # DictReader's restkey: cells beyond the header
                 row = {k: v.strip() if isinstance(v, str) else v for k, v in row.items()}
+                if delimiter == ";":
+                    row = _decimal_points(row)
                 why = ""
                 if extra is not None and header[-1] == "notes":  # an unquoted comma in the free-text notes
                     row["notes"] = ",".join([row.get("notes") or "", *extra]).strip()

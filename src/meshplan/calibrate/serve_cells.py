@@ -105,8 +105,12 @@ def row_statistic(row: dict) -> float | None:
 
 NOT_STATED = ("n/a", "na", "-", "–", "—", "none", "not stated", "unknown")
 """Cells that say a source gives no value (the column's default applies, as for an empty cell)."""
-DEGREE = re.compile(r"^(?:([a-z]+)\s*[=:]?\s*)?(\d+)(?:\.0+)?(?:\s*\(.*\))?$")
+DEGREE = re.compile(r"^(?:([a-z]+)\s*[=:]?\s*)?(\d+)(?:\.0+)?(?:\s*\((.*)\))?$")
 """A degree as sources write it: ``4``, ``4.0``, ``TP4``, ``tp=4``, ``TP 4``, ``4 (tensor parallel)``."""
+
+
+DEGREE_WORDS = {"tp": ("tp", "tensor"), "pp": ("pp", "pipeline"), "dp": ("dp", "data"), "ep": ("ep", "expert")}
+"""Words that label a degree as one column's (``2 (PP)`` in a tp cell is another column's value)."""
 
 
 def stated_cell(row: dict, key: str) -> bool:
@@ -123,7 +127,9 @@ def whole_cell(row: dict, key: str, default: int) -> int:
         return default
     v = row[key].strip()
     m = DEGREE.match(v.lower())
-    if m is None or (m.group(1) and m.group(1) != key.lower()):
+    others = [w for k, words in DEGREE_WORDS.items() if k != key for w in words]
+    named = re.findall(r"[a-z]+", m.group(3) or "") if m else []
+    if m is None or (m.group(1) and m.group(1) != key.lower()) or any(w in others for w in named):
         raise SpecError(f"{row.get('id', '')}.{key}", v, "must be a whole number (or empty / n/a: not stated)")
     return int(m.group(2))
 

@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 from meshplan import catalog
-from meshplan.calibrate.serve_validate import predict_row, row_engine
+from meshplan.calibrate.serve_validate import named, predict_row, row_engine
 from meshplan.errors import MeshplanError
 
 GRIDS = {"decode_mem_eff": [0.5 + 0.05 * i for i in range(10)],
@@ -74,7 +74,7 @@ def keys(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
     families: dict[str, list[dict]] = {}
     for row in rows:
         try:
-            gen = catalog.gpu(row["gpu_key"].strip()).generation
+            gen = catalog.gpu(named(row, "gpus", "gpu")).generation
             engine = row_engine(row)
         except MeshplanError:
             continue

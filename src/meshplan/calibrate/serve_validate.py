@@ -229,11 +229,13 @@ def check_experts(row: dict, model: ModelSpec, plan: ServePlan, engine: EnginePr
                         f"which {engine.name} does not run")
 
 
-def _named(row: dict, kind: str, column: str) -> str:
+def named(row: dict, kind: str, column: str) -> str:
     """The catalog entry a row's ``model_key`` (``gpu_key``) names; where the key names none, the one its
     ``model`` (``gpu``) column names as the source printed it (``Llama-3.3-70B-Instruct``, ``H100-SXM-80GB``),
     else the key as given (its lookup says what is wrong with it)."""
     key = (row.get(f"{column}_key") or "").strip()
+    if key.endswith((".toml", ".json")) or "/" in key:  # a file, or an id the lookup reads (a path wins)
+        return key
     if catalog.resolve(kind, key) is None:
         printed = catalog.resolve(kind, (row.get(column) or "").strip())
         return printed or key
@@ -248,7 +250,7 @@ def row_context(row: dict, constants: dict) -> tuple[StepContext, ServePlan, Wor
     if n_gpus.isdigit() and int(n_gpus) < 1:  # a count the row states (other text there is the source's, unread)
         raise SpecError(f"{row['id']}.n_gpus", row["n_gpus"], "must be a whole number of GPUs >= 1")
     plan, work = row_plan(row, engine), row_workload(row)
-    model, gpu = catalog.model(_named(row, "models", "model")), catalog.gpu(_named(row, "gpus", "gpu"))
+    model, gpu = catalog.model(named(row, "models", "model")), catalog.gpu(named(row, "gpus", "gpu"))
     cluster = catalog.cluster(f"{plan.gpus_per_replica}x{gpu.name}")
     check_layout(row, model, plan)
     check_experts(row, model, plan, engine)

@@ -95,15 +95,25 @@ def resolve(kind: str, ref: str) -> str | None:
     return _aliases(kind).get(catalog_key(kind, ref)) if kind in ALIASED else None
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""A Hugging Face repository id, ``organisation/name`` (one slash, not a path that starts with / . or ~)."""
+FILE_KINDS = {"models": "its config.json (Hugging Face) or of a model TOML", "gpus": "a hardware-profile TOML"}
+
+
 def _named_file(kind: str, label: str, ref: str) -> bool:
-    """Whether a model or GPU reference is a file: one that exists, or a name ending in .toml or .json. A
-    Hugging Face id (``meta-llama/Llama-3.1-8B``) that is neither is looked up in the catalog, and one it lacks is
-    refused with the close names and how to give its config."""
-    if ref.endswith((".toml", ".json")) or Path(ref).exists():
+    """Whether a model or GPU reference is a file: a name ending in .toml or .json, or a path (with a slash); a
+    name without one is a catalog entry even where a folder of that name exists. A Hugging Face id
+    (``meta-llama/Llama-3.1-8B``) that is no file is looked up in the catalog, and one it lacks is refused with
+    the close names and how to give its config."""
+    if ref.endswith((".toml", ".json")):
         return True
-    if "/" in ref and resolve(kind, ref) is None:
+    if "/" not in ref:
+        return False
+    if not HUB_ID.fullmatch(ref) or _exists(ref):
+        return True  # a path: read (or refused as missing) as the file it names
+    if resolve(kind, ref) is None:
         raise SpecError(label, ref, f"is neither a file nor a catalog {label} (nor an alias of one); pass the path "
-                        f"of its config.json (Hugging Face) or of a {label} TOML", _close(kind, ref))
+                        f"of {FILE_KINDS[kind]}", _close(kind, ref))
     return False
 
 

@@ -219,7 +219,10 @@ def _replan(a: ReplanArgs) -> None:
     from meshplan.spec.plan_file import read_plan_file
 
     plan, refs = read_plan_file(a.from_plan)
-    if a.model and refs.get("model") and a.model != refs["model"]:
+    from meshplan import catalog
+
+    same = a.model == refs.get("model") or catalog.resolve("models", a.model) == refs.get("model")
+    if a.model and refs.get("model") and not same:  # a name the plan's catalog model answers to is the same
         raise SpecError("--model", a.model, f"differs from the model the plan in {a.from_plan} was made for "
                         f"({refs['model']}): replan re-plans the job that runs, give its plan file")
     spec = resolve_model(a.model or None, refs.get("model"))

@@ -105,6 +105,7 @@ def gpu_from_dict(d: dict, where: str = "gpu") -> GPUSpec:
     measured CUDA-visible total (``usable_gib``, what ``torch.cuda.get_device_properties().total_memory`` reports)
     where the file gives one, else the datasheet's ``hbm_gb`` read as decimal GB (an under-estimate: NVIDIA's
     "80 GB" is 80 GiB of HBM, of which CUDA sees about 79.1 GiB)."""
+    d = {k: v for k, v in d.items() if k != "aliases"} if isinstance(d, dict) else d  # catalog names, not specs
     check_keys(where, d, _GPU_KEYS, ("name", "generation", "peak_tflops", "hbm_gb", "hbm_tb_s", "nvlink_gb_s",
                                      "nic_gbit_s"))
     peaks = typed(d["peak_tflops"], f"{where}.peak_tflops", "table")
@@ -194,7 +195,9 @@ _SHORT_MODEL_KEYS = {"name": "str", "n_layers": "int", "hidden": "int", "n_heads
 
 
 def model_from_dict(d: dict, where: str = "model") -> ModelSpec:
-    """A model from either the full ``[[blocks]]`` form or the short single-decoder form."""
+    """A model from either the full ``[[blocks]]`` form or the short single-decoder form (a catalog file's
+    ``aliases``, the names it answers to, are not part of the model)."""
+    d = {k: v for k, v in d.items() if k != "aliases"} if isinstance(d, dict) else d
     if "blocks" in d:
         return build(ModelSpec, d, where, {"blocks": _blocks})
     check_keys(where, d, set(_SHORT_MODEL_KEYS), ("name", "n_layers", "hidden", "n_heads", "ffn_hidden", "vocab"))
