@@ -391,8 +391,9 @@ def test_vllm_serve_commands_parsed_by_vllm(pkg, vllm_parsed):
             kv = a["kv_transfer_config"]
             assert (kv or {}).get("kv_connector") == ("NixlConnector" if job.disaggregated else None)
             sp = p.speculation
+            head = {"method": "eagle3", "model": sp.checkpoint} if sp is not None else {}
             want = None if sp is None else {"num_speculative_tokens": sp.draft_tokens} | (
-                {"method": sp.method} if sp.method in ("mtp", "ngram") else {"model": sp.checkpoint})
+                {"method": sp.method} if sp.method in ("mtp", "ngram") else head)
             assert a["speculative_config"] == want, name
     # the parsers are the releases': 0.6.0 has no data parallelism nor KV connectors, 0.11.0 has both
     assert [r["ok"] for r in got["negative"]] == ([False, False] if pkg == "vllm-0.6.0" else [True, True])

@@ -180,3 +180,61 @@ def test_the_itl_tail_spreads_a_pass_stall_over_its_tokens():
     base = pred.tpot - pred.stall_share * per_token_stall
     gap = base + per_token_stall if pred.stall_share > 0.01 else base
     assert quantile(pred, "itl", 0.99) == pytest.approx(pred.itl / pred.tpot * gap)
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--speculative", "ngram", "--acceptance", "0"], None),  # a = 0 is a valid (useless) acceptance
+    (["--speculative", "ngram", "--acceptance", "0.5", "--draft-tokens", "0"], "--draft-tokens"),
+    (["--speculative", "ngram", "--acceptance", "0.5", "--draft-tokens", "100"], "from 1 to 16"),
+    (["--speculative", "ngram", "--accept-length", "nan"], "--accept-length"),
+    (["--speculative", "ngram", "--acceptance", "nan"], "speculation.acceptance"),
+    (["--speculative", "ngram", "--acceptance", "-1"], "speculation.acceptance"),
+])
+def test_speculation_numbers_are_checked(extra, needle, capsys):
+    code = main(SERVE + extra)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert (code == 0) if needle is None else (code == 2 and needle in err)
+
+
+def test_a_draft_model_is_smaller_and_runs_at_the_replica_tp(capsys):
+    big = ["serve", "--model", "llama3.1-70b", "--gpus", "8xh100-sxm", "--input-len", "1000", "--output-len", "200",
+           "--concurrency", "4", "--engine", "sglang", "--speculative", "draft", "--acceptance", "0.6"]
+    assert main(big + ["--draft-model", "llama3.1-70b"]) == 2
+    assert "smaller" in capsys.readouterr().err
+    assert main(big + ["--draft-model", "llama3.2-1b", "--tp", "8"]) == 0  # 32 heads, 8 KV heads: tp 8 divides
+    capsys.readouterr()
+
+
+def test_sglang_runs_ngram_and_draft_models_without_data_parallel_attention(capsys):
+    from meshplan.search.serve import search
+    from meshplan.search.serve_request import ServeRequest
+
+    req = ServeRequest(model=catalog.model("deepseek-v3"), cluster=catalog.cluster("8xh200"),
+                       engine=catalog.engine("sglang"), work=Workload(input_len=1000, output_len=200, concurrency=64),
+                       precision="fp8", speculation=NGRAM, constants=load_constants())
+    assert all(c.plan.attn_dp == 1 for c in search(req).candidates)
+    with pytest.raises(SpecError, match="--attn-dp"):
+        replace(req, attn_dp=2)
+    mtp = replace(req, speculation=Speculation(method="mtp", draft_tokens=2, acceptance=0.85))
+    assert any(c.plan.attn_dp > 1 for c in search(mtp).candidates)
+
+
+def test_vllm_graphs_count_a_speculating_pass_in_tokens():
+    """vLLM captures token counts: 64 sequences of 4 rows replay the 256-token graph; an engine that captures
+    requests pads the 64 sequences and runs 4 rows each."""
+    from meshplan.cost.serve_step import graph_rows
+
+    vllm, trt = ctx_for(spec=EAGLE), ctx_for(spec=EAGLE, engine="trtllm")
+    assert graph_rows(vllm, 61, 4) == (vllm.engine.graph_batch(244), True) and graph_rows(vllm, 200, 4)[1] is False
+    assert graph_rows(trt, 61, 4) == (trt.engine.graph_batch(61) * 4, True)
+
+
+def test_a_budget_bound_chunked_step_shares_its_decodes_among_the_resident():
+    """With room for fewer decodes than resident requests, each waits R / n_d iterations a pass: a tighter budget
+    is never faster."""
+    w = Workload(input_len=1000, output_len=100, concurrency=512)
+    spec = replace(EAGLE, draft_tokens=7)
+    wide, tight = ctx_for(spec=spec), ctx_for(spec=spec, engine="vllm")
+    tight = replace(tight, engine=replace(tight.engine, max_batched_tokens=512))
+    assert predict_load(tight, w).tpot > predict_load(wide, w).tpot

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -269,10 +270,10 @@ def serve_cmd(
     speculative: str = typer.Option("", "--speculative", help="Speculative decoding: mtp (the model's own MTP "
                                     "module), eagle (an EAGLE head), ngram (prompt lookup) or draft (a draft "
                                     "model); needs --acceptance or --accept-length."),
-    draft_tokens: int = typer.Option(0, "--draft-tokens", min=0, help="Draft tokens per pass (default 3)."),
-    acceptance: float = typer.Option(0.0, "--acceptance", help="Share of draft tokens accepted (0-1)."),
-    accept_length: float = typer.Option(0.0, "--accept-length", help="Mean tokens a pass yields, as the engine "
-                                        "logs it (alternative to --acceptance)."),
+    draft_tokens: Optional[int] = typer.Option(None, "--draft-tokens", help="Draft tokens per pass (default 3)."),
+    acceptance: Optional[float] = typer.Option(None, "--acceptance", help="Share of draft tokens accepted (0-1)."),
+    accept_length: Optional[float] = typer.Option(None, "--accept-length", help="Mean tokens a pass yields, as "
+                                                  "the engine logs it (alternative to --acceptance)."),
     draft_model: str = typer.Option("", "--draft-model", help="EAGLE head checkpoint (eagle) or draft model "
                                     "(draft: catalog name, HF id or config.json)."),
 ) -> None:

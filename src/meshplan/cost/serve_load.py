@@ -185,8 +185,10 @@ def _chunked_steady(st, work: Workload, resident: int) -> tuple[float, float, fl
     decoding part; a decoding request's tokens wait on the chunks of the other requests' prompts, not on its own,
     which was prefilled before it decodes (``others``; as ``steady_state``'s (R - 1) prompts per cycle)."""
     cycle = resident * work.output_len * st.iteration / (st.decoding * st.tokens_per_pass)
+    # When the budget decodes fewer than the resident set an iteration, each waits R / n_d iterations a pass
+    share = max(resident / st.decoding, 1.0)
     return (st.t_decode, st.first, cycle,
-            (st.t_decode + others(resident) * (st.iteration - st.t_decode)) / st.tokens_per_pass)
+            (st.t_decode + others(resident) * (st.iteration - st.t_decode)) * share / st.tokens_per_pass)
 
 
 def others(resident: int) -> float:
@@ -232,7 +234,9 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
     # Multi-step scheduling admits prompts only between rounds of ``multi_step`` decode steps: an arrival waits
     # half a round beyond the step it lands in (vllm@v0.6.0 multi-step scheduler, RFC vllm#6854)
     rounds = 0.0 if work.offline else (ctx.engine.multi_step - 1) * t_d / 2
-    noise = step_sd(ctx, work, x_req=x_req, gap=tpot) if work.rate else 0.0
+    # A step lasts a pass (tau tokens); a request's TPOT averages (O - 1) / tau passes' noise, tau tokens each
+    tau = tokens_per_pass(ctx)
+    noise = step_sd(ctx, work, x_req=x_req, gap=tau * tpot) if work.rate else 0.0
     batch = wander(ctx, work, steady_state, resident=resident, cap=cap, rate=work.rate / replicas)
     ttft = wait + rounds + t_p + t_d / 2 + ctx.request_s
     return ServePrediction(
@@ -243,7 +247,7 @@ def predict_load(ctx: StepContext, work: Workload, replicas: int = 1) -> ServePr
         resident=resident, kv_capacity_tokens=kv_capacity_tokens(ctx),
         kv_occupancy=min(resident * kv_need(ctx, work) / max(kv_capacity_tokens(ctx), 1), 1.0), limited_by=limit,
         decode_step=t_d, prefill=t_p, wait_fixed=fixed, wait_prob=prob, stall=stall, stall_share=share,
-        tpot_spread=tpot_spread(work, noise, batch, tpot), step_sd=noise,
+        tpot_spread=tpot_spread(work, noise / math.sqrt(tau), batch, tpot), step_sd=noise,
         prefill_spread=about_mean(firsts), decode_spread=decode_spread(work, tpot), residual_span=2 * rounds + t_d,
         gpus=replicas * ctx.plan.gpus_per_replica)
 
@@ -307,7 +311,8 @@ def prefill_stall(ctx: StepContext, work: Workload, *, resident: int, t_p: float
     chunked prefill take theirs from ``serve_chunked`` (``predict_load``)."""
     if resident <= 1:
         return 0.0, 0.0
-    return t_p, min((resident - 1) / k / work.output_len, 1.0)
+    # (R - 1) / O arrivals a token; a speculating pass yields tau of them, so tau times the arrivals a pass
+    return t_p, min((resident - 1) * tokens_per_pass(ctx) / k / work.output_len, 1.0)
 
 
 def _wait(ctx: StepContext, work: Workload, replicas: int, *, resident: int, cap: int, x_req: float,

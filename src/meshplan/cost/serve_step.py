@@ -265,6 +265,15 @@ def prefill_time(ctx: StepContext, *, tokens: int, prompts: int = 1) -> float:
     return with_host(ctx, t + (len(stages) - 1) * _p2p(ctx, rows), prompts)
 
 
+def graph_rows(ctx: StepContext, seqs: int, q: int) -> tuple[int, bool]:
+    """(rows, whether a CUDA graph replays them) of a decode pass of ``seqs`` sequences of ``q`` rows each (k + 1
+    speculating): padded to the next captured size, counted in tokens or in requests as the engine captures."""
+    e = ctx.engine
+    if e.graph_counts_tokens:
+        return e.graph_batch(seqs * q), e.uses_graph(seqs * q)
+    return e.graph_batch(seqs) * q, e.uses_graph(seqs)
+
+
 @lru_cache(maxsize=1 << 16)
 def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:
     """Seconds of one decode pass of ``batch`` running sequences (mean ``context`` cached tokens): every one gains
@@ -279,11 +288,12 @@ def decode_time(ctx: StepContext, *, batch: int, context: float) -> float:
     pp, groups, q = ctx.plan.pp, ctx.plan.attn_dp, verify_rows(ctx)
     micro = max(-(-batch // pp), 1)
     mine = group_tokens(ctx.plan, micro)  # each attention group pads its own batch to its graphs
-    rows = groups * ctx.engine.graph_batch(mine) * q
+    rows, graphed = graph_rows(ctx, mine, q)
+    rows *= groups
     stages = stage_blocks(ctx.model, pp)
     slowest = max(stage_time(ctx, blocks, tokens=rows, seq=int(context), kv_tokens=micro * context,
                              head_rows=rows if i == len(stages) - 1 else 0) for i, blocks in enumerate(stages))
-    launches = 0.0 if ctx.engine.uses_graph(mine * q) else _eager_launches(ctx)
+    launches = 0.0 if graphed else _eager_launches(ctx)
     device = pp * max(slowest, launches) + (pp - 1) * _p2p(ctx, micro) + draft_time(ctx, batch=batch, context=context)
     return with_host(ctx, device, batch)
 
@@ -355,7 +365,8 @@ def decode_breakdown(ctx: StepContext, *, batch: int, context: float) -> dict[st
     pp, q = ctx.plan.pp, verify_rows(ctx)
     micro = max(-(-batch // pp), 1)
     mine = group_tokens(ctx.plan, micro)
-    rows = ctx.plan.attn_dp * ctx.engine.graph_batch(mine) * q
+    rows, graphed = graph_rows(ctx, mine, q)
+    rows *= ctx.plan.attn_dp
     stages = stage_blocks(ctx.model, pp)
     best: dict[str, float] = {}
     for i, blocks in enumerate(stages):
@@ -367,7 +378,7 @@ def decode_breakdown(ctx: StepContext, *, batch: int, context: float) -> dict[st
         if sum(parts.values()) > sum(best.values()):
             best = parts
     out = {k: pp * v for k, v in best.items()}
-    eager = 0.0 if ctx.engine.uses_graph(mine * q) else _eager_launches(ctx)
+    eager = 0.0 if graphed else _eager_launches(ctx)
     out["launches"] = pp * max(eager - sum(best.values()), 0.0)
     out["pp_sends"] = (pp - 1) * _p2p(ctx, micro)
     out["draft"] = draft_time(ctx, batch=batch, context=context)

@@ -191,9 +191,10 @@ def engine_args(job: ServeJob, rel: VllmRelease, pool: Pool) -> list[str]:
 
 
 def _speculative_args(p) -> list[str]:
-    """``--speculative-config`` (vllm@v0.11.0 vllm/config/speculative.py): an EAGLE head's method is read from its
-    checkpoint's name (``eagle-`` / ``eagle3``), MTP drafts with the model's own module, n-gram lookup with
-    vLLM's default window (prompt_lookup_min = max = 5)."""
+    """``--speculative-config`` (vllm@v0.11.0 vllm/config/speculative.py): an EAGLE head is ``eagle3`` when its
+    checkpoint's name says so, else ``eagle`` (stated, not left to vLLM's guess from the name, which would read
+    any other name as a draft model its V1 engine refuses); MTP drafts with the model's own module, n-gram lookup
+    with vLLM's default window (prompt_lookup_min = max = 5)."""
     spec = p.speculation
     if spec is None:
         return []
@@ -201,7 +202,7 @@ def _speculative_args(p) -> list[str]:
     if spec.method in ("mtp", "ngram"):
         conf["method"] = spec.method
     else:
-        conf["model"] = spec.checkpoint
+        conf |= {"method": "eagle3" if "eagle3" in spec.checkpoint.lower() else "eagle", "model": spec.checkpoint}
     return ["--speculative-config", json.dumps(conf, separators=(",", ":"))]
 
 

@@ -18,7 +18,7 @@ from meshplan.cost.serve_sizing import sized_engine, with_cap
 from meshplan.cost.serve_step import StepContext, step_context
 from meshplan.cost.serve_tail import quantile
 from meshplan.search.serve_request import ServeCandidate, ServeRequest, ServeResult, layout_name
-from meshplan.search.serve_space import engine_options, group_options, pp_options, tp_options
+from meshplan.search.serve_space import engine_options, group_options, pp_options, serve_tps
 from meshplan.spec.engine import EngineProfile
 from meshplan.spec.serving import ServePlan
 
@@ -74,7 +74,7 @@ def _contexts(req: ServeRequest, engine: EngineProfile, *, tp: int, pp: int, ep:
 def aggregated(req: ServeRequest) -> tuple[list[ServeCandidate], list[tuple[str, str]]]:
     """Every aggregated deployment: replicas of one tp x pp (x ep) layout, each at every engine cap."""
     out, bad = [], []
-    for tp in tp_options(req.model, req.pool, req.tp):
+    for tp in serve_tps(req):
         for pp in pp_options(req.model, req.pool.n_gpus, tp, req.pp, 1 if req.speculation else req.engine.max_pp):
             for adp, ep in group_options(req, tp, pp):
                 for engine in engine_options(req):
@@ -97,7 +97,7 @@ def disaggregated(req: ServeRequest) -> list[ServeCandidate]:
         return []
     n = req.pool.n_gpus
     out = []
-    tps = tp_options(req.model, req.pool, req.tp)
+    tps = serve_tps(req)
     for engine in engine_options(req):
         ctxs = {}
         for tp in tps:

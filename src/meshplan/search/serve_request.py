@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan import catalog
+from meshplan.cost.memory import model_params
 from meshplan.cost.result import pareto_front
 from meshplan.cost.serve_load import ServePrediction
 from meshplan.errors import SpecError
@@ -97,7 +98,12 @@ class ServeRequest:
                    f"{self.engine.name} runs no data-parallel attention (attention_dp = false); use sglang, vllm "
                    "or trtllm")
             raise SpecError("--attn-dp", self.attn_dp, why)
-        check_speculation(self.speculation, self.model, self.engine, self.pp)
+        check_speculation(self.speculation, self.model, self.engine, pp=self.pp, attn_dp=self.attn_dp)
+        if self.speculation is not None and self.speculation.draft is not None and self.tp:
+            opts = tp_options(self.speculation.draft, self.pool, 0)
+            if self.tp not in opts:
+                raise SpecError("--tp", self.tp, f"the draft model {self.speculation.draft.name} runs at the same tp, "
+                                f"which must be one of {', '.join(map(str, opts))} for its heads")
         node = min(self.cluster.pools[0].gpus_per_node, self.cluster.n_gpus)
         self._check_pins(node)
         self._check_ep(node)
@@ -156,9 +162,10 @@ num_nextn_predict_layers 1; vLLM deepseek_mtp, SGLang NEXTN, TensorRT-LLM MTP); 
 without them (Kimi-K2: 0) is the user's to know."""
 
 
-def check_speculation(spec: Speculation | None, model: ModelSpec, engine: EngineProfile, pp: int) -> None:
-    """Speculation a deployment can run: a drafter the engine has, on one pipeline stage, an MTP module the model
-    ships, a draft model of the same vocabulary."""
+def check_speculation(spec: Speculation | None, model: ModelSpec, engine: EngineProfile, *, pp: int = 0,
+                      attn_dp: int = 0) -> None:
+    """Speculation a deployment can run: a drafter the engine has (with data-parallel attention where pinned), on
+    one pipeline stage, an MTP module the model ships, a draft model of the same vocabulary and smaller."""
     if spec is None:
         return
     if spec.method not in engine.speculative:
@@ -169,6 +176,9 @@ def check_speculation(spec: Speculation | None, model: ModelSpec, engine: Engine
                         f"{', '.join(with_it) or 'another drafter'}")
     if pp > 1:
         raise SpecError("--pp", pp, "speculative decoding is planned on one pipeline stage; leave --pp unset")
+    if attn_dp > 1 and spec.method in engine.speculative_no_adp:
+        raise SpecError("--attn-dp", attn_dp, f"{engine.name} runs {spec.method} speculation without data-parallel "
+                        f"attention ({engine.sources.get('speculative_no_adp', '')}); leave --attn-dp unset")
     if spec.method == "mtp" and model.family not in MTP_FAMILIES:
         raise SpecError("--speculative", "mtp", f"{model.name} ({model.family}) ships no multi-token-prediction "
                         f"module (families with one: {', '.join(MTP_FAMILIES)}); use eagle with an EAGLE head, "
@@ -176,6 +186,10 @@ def check_speculation(spec: Speculation | None, model: ModelSpec, engine: Engine
     if spec.draft is not None and spec.draft.vocab != model.vocab:
         raise SpecError("--draft-model", spec.draft.name, f"has a vocabulary of {spec.draft.vocab:,} tokens, "
                         f"{model.name} {model.vocab:,}: a draft model must share the target's tokenizer")
+    if spec.draft is not None and model_params(spec.draft) >= model_params(model):
+        raise SpecError("--draft-model", spec.draft.name, f"has {model_params(spec.draft) / 1e9:,.1f}B parameters, "
+                        f"no fewer than {model.name}'s {model_params(model) / 1e9:,.1f}B: a draft model is a smaller "
+                        "one that decodes k tokens for less than the target's one pass")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,13 +51,22 @@ def ep_options(model: ModelSpec, tp: int, pinned: int) -> list[int]:
     return [e for e in opts if e == pinned] if pinned else opts
 
 
+def serve_tps(req: ServeRequest) -> list[int]:
+    """TP degrees of a replica: the model's, and a draft model's too (it runs at the same tp)."""
+    opts = tp_options(req.model, req.pool, req.tp)
+    draft = req.speculation.draft if req.speculation is not None else None
+    return [t for t in opts if t in tp_options(draft, req.pool, 0)] if draft is not None else opts
+
+
 def group_options(req: ServeRequest, tp: int, pp: int) -> list[tuple[int, int]]:
     """(attn_dp, ep) of a replica of ``tp`` x ``pp``: attention over the TP group with its experts inside it, or,
     for a MoE model on an engine that runs it (``EngineProfile.attention_dp``), attention data-parallel over
     2, 4, ... groups of tp inside one node, the experts over all of them (pinned values only, when given)."""
     out = [(1, ep) for ep in ep_options(req.model, tp, req.ep)] if req.attn_dp <= 1 else []
     most = req.engine.attention_dp_tp
-    if req.model.decoder.moe is None or not req.engine.attention_dp or pp > 1 or (most and tp > most):
+    spec = req.speculation
+    refused = spec is not None and spec.method in req.engine.speculative_no_adp  # the engine's drafter rule
+    if req.model.decoder.moe is None or not req.engine.attention_dp or pp > 1 or (most and tp > most) or refused:
         return out
     d = 2
     while tp * d <= min(req.pool.gpus_per_node, req.pool.n_gpus):

@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from meshplan.cost.serve_load import kv_capacity_tokens
-from meshplan.cost.serve_spec import tokens_per_pass
+from meshplan.cost.serve_spec import tokens_per_pass, verify_rows
 from meshplan.cost.serve_step import StepContext, decode_time, mixed_time, prefill_time, seq_cap, step_budget
 
 
@@ -102,6 +102,7 @@ class Replica:
         # Tokens a decode pass adds to each running sequence: 1, or a speculating pass's mean acceptance length
         # (the counter ``tokens`` then runs in fractions of a token)
         self.gain = tokens_per_pass(self.ctx)
+        self.verify = verify_rows(self.ctx)  # budget tokens a decoding sequence takes a pass (k + 1 speculating)
 
     # ------------------------------------------------------------------ state
     def generated(self, r: Request) -> int:
@@ -162,7 +163,7 @@ class Replica:
         n = len(self.decoding)
         ctx_len = self.cached_tokens() / n if n else 0.0
         if self.ctx.engine.mixed_batches:
-            chunks = self._admit(max(self.budget - n, 0), whole_only=False)
+            chunks = self._admit(max(self.budget - n * self.verify, 0), whole_only=False)
             if not n and not chunks:
                 return None
             return Iteration(decoding=n, context=ctx_len, chunks=tuple(chunks))

@@ -140,6 +140,11 @@ class EngineProfile:
     """The benchmark reports a steady state, the run's start discarded (a warm-up, or time windows long enough
     for it not to weigh), so the first requests, which start together, do not count. The profile's source says
     why: genai-perf's own defaults read three windows from the start (``--stability-percentage 999``)."""
+    graph_counts_tokens: bool = False
+    """The CUDA-graph sizes count tokens (vLLM V1: a speculating decode of b sequences runs as b x (k + 1) tokens
+    and pads to a captured token count), not requests (SGLang's cuda_graph_max_bs, TensorRT-LLM's batch_sizes)."""
+    speculative_no_adp: tuple[str, ...] = ()
+    """Drafters the engine refuses under data-parallel attention."""
     speculative: tuple[str, ...] = ()
     """Speculative-decoding drafters the release runs (``spec.speculation.SPEC_METHODS``); empty: none (or none
     this profile has read), so a plan that speculates is refused on it."""
@@ -156,7 +161,7 @@ class EngineProfile:
                 raise SpecError(f"engine.{name}", getattr(self, name), f"must be one of {', '.join(opts)}")
         from meshplan.spec.speculation import SPEC_METHODS
 
-        bad = [m for m in self.speculative if m not in SPEC_METHODS]
+        bad = [m for m in (*self.speculative, *self.speculative_no_adp) if m not in SPEC_METHODS]
         if bad:
             raise SpecError("engine.speculative", bad, f"drafters are {', '.join(SPEC_METHODS)}")
         if not 0 < self.kv_memory_fraction <= 1:
@@ -225,6 +230,7 @@ def engine_from_dict(d: dict, where: str) -> EngineProfile:
     kw["matches"] = tuple(kw.get("matches", ()))
     kw["mentions"] = tuple(kw.get("mentions", ()))
     kw["speculative"] = tuple(kw.get("speculative", ()))
+    kw["speculative_no_adp"] = tuple(kw.get("speculative_no_adp", ()))
     sources = kw.get("sources", {})
     missing = [k for k in d if (k in SETTINGS or k in ("since", "host_of")) and k not in sources]
     if missing:

@@ -54,7 +54,7 @@ class Speculation:
         if not isinstance(self.draft_tokens, int) or not 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
             raise SpecError("speculation.draft_tokens", self.draft_tokens,
                             f"must be a whole number from 1 to {MAX_DRAFT_TOKENS}")
-        if not isinstance(self.acceptance, (int, float)) or not 0 <= self.acceptance < 1:
+        if not isinstance(self.acceptance, (int, float)) or not 0 <= self.acceptance < 1:  # NaN fails too
             raise SpecError("speculation.acceptance", self.acceptance, "must be a probability in [0, 1) (the "
                             "share of draft tokens accepted, given the ones before them were)")
         if (self.method == "draft") != (self.draft is not None):
