@@ -238,3 +238,19 @@ def test_a_budget_bound_chunked_step_shares_its_decodes_among_the_resident():
     wide, tight = ctx_for(spec=spec), ctx_for(spec=spec, engine="vllm")
     tight = replace(tight, engine=replace(tight.engine, max_batched_tokens=512))
     assert predict_load(tight, w).tpot > predict_load(wide, w).tpot
+
+
+def test_the_explanation_weighs_speculation_against_none_at_the_load():
+    from meshplan.search.serve import search
+    from meshplan.search.serve_explain import explain
+    from meshplan.search.serve_request import ServeRequest
+
+    def said(clients: int, spec: Speculation) -> str:
+        req = ServeRequest(model=catalog.model("llama3.1-70b"), cluster=catalog.cluster("8xh100-sxm"),
+                           engine=catalog.engine("vllm"), tp=8, disagg="off", speculation=spec,
+                           work=Workload(input_len=1000, output_len=500, concurrency=clients),
+                           constants=load_constants())
+        return next(s for s in explain(search(req)).limits if s.startswith("speculation ("))
+
+    assert "does not pay" not in said(1, EAGLE) and "+" in said(1, EAGLE)
+    assert "does not pay" in said(256, replace(NGRAM, acceptance=0.2))

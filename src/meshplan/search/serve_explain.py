@@ -8,6 +8,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 
 from meshplan.cost.serve_capacity import sustainable_rate
+from meshplan.cost.serve_load import predict_load
 from meshplan.cost.serve_spec import tokens_per_pass
 from meshplan.cost.serve_step import decode_breakdown, step_budget, step_context
 from meshplan.search.serve import search
@@ -213,6 +214,23 @@ def capacity(req: ServeRequest, c: ServeCandidate) -> str:
             f"({cap.prediction.output_tokens_per_s:,.0f} output tokens/s) within the SLOs; {stop} stops more")
 
 
+def speculation_gain(req: ServeRequest, c: ServeCandidate) -> str:
+    """For an aggregated winner that speculates: its TPOT and throughput against the same deployment without the
+    drafter at this load (where speculation stops paying, the sentence says so)."""
+    sp = c.plan.speculation
+    if sp is None or c.disaggregated:
+        return ""
+    plain = replace(c.plan, replicas=1, speculation=None)
+    ctx = step_context(req.model, req.pool, plain, c.engine, req.constants)
+    base = predict_load(ctx, req.work, replicas=c.plan.replicas)
+    gain = c.pred.output_tokens_per_s / base.output_tokens_per_s - 1
+    verdict = "" if c.pred.tpot < base.tpot else "; at this load it does not pay: the k + 1 rows a pass cost more "\
+        "than the tokens it yields"
+    return (f"speculation ({sp.method}, {sp.draft_tokens} drafts, {sp.tokens_per_pass:.2f} tokens a pass): TPOT "
+            f"{1e3 * c.pred.tpot:,.1f} ms against {1e3 * base.tpot:,.1f} ms without it, output tokens/s "
+            f"{gain:+.0%}{verdict}")
+
+
 UNBOUNDED = 1e9
 """A latency bound no deployment reaches (s): the SLO the user left unset."""
 CAPACITY_STEPS = 10
@@ -226,6 +244,6 @@ def explain(result: ServeResult) -> Explanation:
     if best is None:
         return Explanation(token_time=(), limits=(), runners_up=(), nearest=tuple(nearest(result)))
     bench, said = benchmark(req, best)
-    more = tuple(s for s in (said, capacity(req, best)) if s)
+    more = tuple(s for s in (speculation_gain(req, best), said, capacity(req, best)) if s)
     return Explanation(token_time=tuple(token_time(req, best)), limits=tuple(limits(req, best)) + more,
                        runners_up=tuple(runners_up(result)), benchmark=bench)
