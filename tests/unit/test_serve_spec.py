@@ -254,3 +254,29 @@ def test_the_explanation_weighs_speculation_against_none_at_the_load():
 
     assert "does not pay" not in said(1, EAGLE) and "+" in said(1, EAGLE)
     assert "does not pay" in said(256, replace(NGRAM, acceptance=0.2))
+
+
+def test_the_search_picks_the_draft_length_by_load(capsys):
+    """With a per-token acceptance and no pinned length, every length is tried: long drafts for one client (the
+    pass is weight-bound), short ones at hundreds (its rows cost compute)."""
+    from meshplan.search.serve import search
+    from meshplan.search.serve_request import ServeRequest
+
+    def best_k(clients: int) -> int:
+        req = ServeRequest(model=catalog.model("llama3.1-70b"), cluster=catalog.cluster("8xh100-sxm"),
+                           engine=catalog.engine("vllm"), tp=8, disagg="off", draft_options=(1, 2, 3, 4, 5),
+                           speculation=replace(EAGLE, acceptance=0.6), constants=load_constants(),
+                           work=Workload(input_len=1000, output_len=500, concurrency=clients))
+        return search(req).best.plan.speculation.draft_tokens
+
+    assert best_k(1) > best_k(256) and best_k(256) == 1
+    assert main(SERVE + ["--speculative", "ngram", "--acceptance", "0.6"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1-5 drafts searched at 0.60 acceptance" in out and " k" in out
+    assert main(SERVE + ["--speculative", "ngram", "--accept-length", "2.2"]) == 0  # measured at 3: kept at 3
+    out = " ".join(capsys.readouterr().out.split())
+    assert "3 drafts at" in out and "searched" not in out
+    with pytest.raises(SpecError, match="draft_options"):
+        ServeRequest(model=catalog.model("llama3.1-8b"), cluster=catalog.cluster("8xh100-sxm"),
+                     engine=catalog.engine("vllm"), work=Workload(input_len=10, output_len=10, concurrency=1),
+                     draft_options=(2,))

@@ -270,7 +270,8 @@ def serve_cmd(
     speculative: str = typer.Option("", "--speculative", help="Speculative decoding: mtp (the model's own MTP "
                                     "module), eagle (an EAGLE head), ngram (prompt lookup) or draft (a draft "
                                     "model); needs --acceptance or --accept-length."),
-    draft_tokens: Optional[int] = typer.Option(None, "--draft-tokens", help="Draft tokens per pass (default 3)."),
+    draft_tokens: Optional[int] = typer.Option(None, "--draft-tokens", help="Draft tokens per pass (default: "
+                                               "1-5 searched with --acceptance, 3 with --accept-length)."),
     acceptance: Optional[float] = typer.Option(None, "--acceptance", help="Share of draft tokens accepted (0-1)."),
     accept_length: Optional[float] = typer.Option(None, "--accept-length", help="Mean tokens a pass yields, as "
                                                   "the engine logs it (alternative to --acceptance)."),
@@ -278,7 +279,7 @@ def serve_cmd(
                                     "(draft: catalog name, HF id or config.json)."),
 ) -> None:
     """Find the serving deployment with the most throughput (or least cost, or latency) that meets the SLOs."""
-    from meshplan.cli.serve_spec import speculation_from_flags
+    from meshplan.cli.serve_spec import draft_options, speculation_from_flags
     from meshplan.errors import SpecError
 
     if not 0 <= price < math.inf:
@@ -286,13 +287,14 @@ def serve_cmd(
     export = _export_option(export_dir, checkpoint, allow_approximate, engine)
     spec = speculation_from_flags(method=speculative, draft_tokens=draft_tokens, acceptance=acceptance,
                                   accept_length=accept_length, draft_model=draft_model)
+    lengths = draft_options(method=speculative, draft_tokens=draft_tokens, acceptance=acceptance)
     req = build_request(
         model_ref=model, gpus=gpus, cluster_file=cluster, engine=engine,
         work=dict(input_len=input_len, output_len=output_len, concurrency=concurrency, rate=rate),
         slo=dict(ttft_ms=ttft_ms, tpot_ms=tpot_ms, percentile=percentile),
         layout=dict(precision=precision, kv_dtype=kv_dtype, tp=tp, pp=pp, ep=ep, attn_dp=attn_dp,
                     replicas=replicas, max_num_seqs=max_num_seqs, disagg=disagg, objective=objective, price=price,
-                    speculation=spec))
+                    speculation=spec, draft_options=lengths))
     code = run_serve(req, top=top, as_json=as_json, export=export)
     if code:
         raise typer.Exit(code)

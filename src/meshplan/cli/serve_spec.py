@@ -5,8 +5,20 @@ from __future__ import annotations
 import math
 
 DEFAULT_DRAFT_TOKENS = 3
-"""Draft tokens per pass when none is given: the examples of vLLM (docs/features/spec_decode.md,
-num_speculative_tokens 3 for EAGLE and MTP) and SGLang (--speculative-num-steps 3)."""
+"""Draft tokens per pass when none is given and the search cannot choose (an acceptance length was measured at
+some length): the examples of vLLM (docs/features/spec_decode.md, num_speculative_tokens 3 for EAGLE and MTP) and
+SGLang (--speculative-num-steps 3)."""
+DRAFT_SEARCH = {"mtp": (1, 2, 3), "eagle": (1, 2, 3, 4, 5), "ngram": (1, 2, 3, 4, 5), "draft": (1, 2, 3, 4, 5)}
+"""Draft lengths the search tries when a per-token acceptance is given and no length is pinned. MTP stops at 3:
+DeepSeek-V3 ships one module, which longer drafts run again on its own output (vLLM warns that this lowers the
+acceptance, vllm/config/speculative.py), and the engines' DeepSeek recipes draft 1-3 (SGLang
+--speculative-num-steps 3, TensorRT-LLM num_nextn_predict_layers 3)."""
+
+
+def draft_options(*, method: str, draft_tokens: int | None, acceptance: float | None) -> tuple[int, ...]:
+    """The draft lengths ``serve`` searches: ``DRAFT_SEARCH``'s for a per-token acceptance with no pinned length;
+    none (the pinned or default length only) otherwise."""
+    return DRAFT_SEARCH.get(method, ()) if method and draft_tokens is None and acceptance is not None else ()
 
 
 def speculation_from_flags(*, method: str, draft_tokens: int | None, acceptance: float | None,

@@ -24,8 +24,14 @@ def headline(result: ServeResult) -> str:
     slo_text = " and ".join(s for s in slo if s) or "none"
     var = " (mean of a histogram)" if w.input_hist or w.output_hist else ""
     sp = req.speculation
-    spec = (f"; speculative {sp.method}{' ' + sp.checkpoint if sp.checkpoint else ''}, {sp.draft_tokens} drafts "
-            f"at {sp.acceptance:.2f} acceptance ({sp.tokens_per_pass:.2f} tokens per pass)") if sp else ""
+    if sp is None:
+        spec = ""
+    elif req.draft_options:
+        spec = (f"; speculative {sp.method}{' ' + sp.checkpoint if sp.checkpoint else ''}, "
+                f"{min(req.draft_options)}-{max(req.draft_options)} drafts searched at {sp.acceptance:.2f} acceptance")
+    else:
+        spec = (f"; speculative {sp.method}{' ' + sp.checkpoint if sp.checkpoint else ''}, {sp.draft_tokens} drafts "
+                f"at {sp.acceptance:.2f} acceptance ({sp.tokens_per_pass:.2f} tokens per pass)")
     return (f"{req.model.name} on {req.cluster.describe()} with {req.engine.name} ({req.engine.version}): "
             f"{w.input_len:,} in / {w.output_len:,} out tokens{var}, {load}, {req.precision} weights, "
             f"{req.kv_dtype} KV{spec}; "

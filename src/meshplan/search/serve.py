@@ -10,6 +10,7 @@ the nearest option can be named when nothing meets them.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 from meshplan.cost.serve_disagg import predict_disagg
@@ -21,6 +22,7 @@ from meshplan.search.serve_request import ServeCandidate, ServeRequest, ServeRes
 from meshplan.search.serve_space import engine_options, group_options, pp_options, serve_tps
 from meshplan.spec.engine import EngineProfile
 from meshplan.spec.serving import ServePlan
+from meshplan.spec.speculation import Speculation
 
 
 def _score(req: ServeRequest, c: ServeCandidate) -> float:
@@ -58,10 +60,18 @@ def _replica_counts(req: ServeRequest, per_replica: int) -> list[int]:
     return list(range(1, most + 1))
 
 
-def _contexts(req: ServeRequest, engine: EngineProfile, *, tp: int, pp: int, ep: int,
-              attn_dp: int = 1) -> tuple[ServePlan, StepContext]:
+def spec_options(req: ServeRequest) -> list[Speculation | None]:
+    """The speculation each deployment runs: the request's, at every draft length it leaves to the search."""
+    sp = req.speculation
+    if sp is None or not req.draft_options:
+        return [sp]
+    return [replace(sp, draft_tokens=k) for k in req.draft_options]
+
+
+def _contexts(req: ServeRequest, engine: EngineProfile, *, tp: int, pp: int, ep: int, attn_dp: int = 1,
+              spec: Speculation | None = None) -> tuple[ServePlan, StepContext]:
     plan = ServePlan(tp=tp, pp=pp, ep=ep, attn_dp=attn_dp, precision=req.precision, kv_dtype=req.kv_dtype,
-                     engine=req.engine.name, speculation=req.speculation)
+                     engine=req.engine.name, speculation=spec)
     # The engine as its benchmark builds it for this layout and workload; a cap the user pinned stays as pinned,
     # one the search tries applies below the sized one.
     sized = sized_engine(req.engine, req.model, plan, req.pool, req.work)
@@ -76,9 +86,9 @@ def aggregated(req: ServeRequest) -> tuple[list[ServeCandidate], list[tuple[str,
     out, bad = [], []
     for tp in serve_tps(req):
         for pp in pp_options(req.model, req.pool.n_gpus, tp, req.pp, 1 if req.speculation else req.engine.max_pp):
-            for adp, ep in group_options(req, tp, pp):
+            for (adp, ep), sp in itertools.product(group_options(req, tp, pp), spec_options(req)):
                 for engine in engine_options(req):
-                    plan, ctx = _contexts(req, engine, tp=tp, pp=pp, ep=ep, attn_dp=adp)
+                    plan, ctx = _contexts(req, engine, tp=tp, pp=pp, ep=ep, attn_dp=adp, spec=sp)
                     why = fit_check(ctx, req.work)
                     if why is not None:
                         if engine is req.engine or req.max_num_seqs:
@@ -99,14 +109,15 @@ def disaggregated(req: ServeRequest) -> list[ServeCandidate]:
     out = []
     tps = serve_tps(req)
     for engine in engine_options(req):
-        ctxs = {}
+        ctxs: dict[Speculation | None, list] = {}  # the decode pools, at each draft length; prefill, the request's
         for tp in tps:
-            for adp, ep in group_options(req, tp, 1):
-                plan, ctx = _contexts(req, engine, tp=tp, pp=1, ep=ep, attn_dp=adp)
+            for (adp, ep), sp in itertools.product(group_options(req, tp, 1), spec_options(req)):
+                plan, ctx = _contexts(req, engine, tp=tp, pp=1, ep=ep, attn_dp=adp, spec=sp)
                 if fit_check(ctx, req.work) is None:
-                    ctxs[(tp, adp, ep)] = (plan, ctx)
-        for (pplan, pctx) in ctxs.values():
-            for (dplan, dctx) in ctxs.values():
+                    ctxs.setdefault(sp, []).append((plan, ctx))
+        prefills = ctxs.get(spec_options(req)[0], [])
+        for (pplan, pctx) in prefills:
+            for (dplan, dctx) in (pair for pools in ctxs.values() for pair in pools):
                 for n_p in range(1, n // pplan.gpus_per_replica):
                     n_d = (n - n_p * pplan.gpus_per_replica) // dplan.gpus_per_replica
                     if n_d < 1:

@@ -226,7 +226,8 @@ def speculation_gain(req: ServeRequest, c: ServeCandidate) -> str:
     gain = c.pred.output_tokens_per_s / base.output_tokens_per_s - 1
     verdict = "" if c.pred.tpot < base.tpot else "; at this load it does not pay: the k + 1 rows a pass cost more "\
         "than the tokens it yields"
-    return (f"speculation ({sp.method}, {sp.draft_tokens} drafts, {sp.tokens_per_pass:.2f} tokens a pass): TPOT "
+    drafts = f"{sp.draft_tokens} draft{'s' if sp.draft_tokens > 1 else ''}"
+    return (f"speculation ({sp.method}, {drafts}, {sp.tokens_per_pass:.2f} tokens a pass): TPOT "
             f"{1e3 * c.pred.tpot:,.1f} ms against {1e3 * base.tpot:,.1f} ms without it, output tokens/s "
             f"{gain:+.0%}{verdict}")
 

@@ -15,7 +15,7 @@ from meshplan.spec.cluster import ClusterSpec, Pool
 from meshplan.spec.engine import EngineProfile
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.serving import ServePlan, Workload
-from meshplan.spec.speculation import Speculation
+from meshplan.spec.speculation import MAX_DRAFT_TOKENS, Speculation
 
 OBJECTIVES = ("throughput", "cost", "latency")
 DISAGG = ("auto", "off", "only")
@@ -65,6 +65,8 @@ class ServeRequest:
     """Dollars per GPU-hour (``cost`` objective); 0 = the catalog's price of the GPU."""
     speculation: Speculation | None = None
     """Speculative decoding every deployment runs (pinned: its acceptance is the user's data), or none."""
+    draft_options: tuple[int, ...] = ()
+    """Draft lengths the search tries with ``speculation``'s acceptance (empty: its own ``draft_tokens``)."""
     constants: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -99,6 +101,10 @@ class ServeRequest:
                    "or trtllm")
             raise SpecError("--attn-dp", self.attn_dp, why)
         check_speculation(self.speculation, self.model, self.engine, pp=self.pp, attn_dp=self.attn_dp)
+        if self.draft_options and (self.speculation is None or not all(
+                isinstance(k, int) and 1 <= k <= MAX_DRAFT_TOKENS for k in self.draft_options)):
+            raise SpecError("draft_options", self.draft_options, f"need speculation, and draft lengths from 1 to "
+                            f"{MAX_DRAFT_TOKENS}")
         if self.speculation is not None and self.speculation.draft is not None and self.tp:
             opts = tp_options(self.speculation.draft, self.pool, 0)
             if self.tp not in opts:
@@ -225,6 +231,8 @@ class ServeCandidate:
         """Short layout name: replicas x layout, e.g. ``2xtp4``, or ``P1xtp4+D1xtp4`` for a prefill and a decode
         pool."""
         cap = f" seqs<={self.seq_cap}" if self.seq_cap else ""
+        sp = self.plan.speculation
+        cap += f" k{sp.draft_tokens}" if sp is not None else ""
         if self.prefill is not None:
             return f"P{layout_name(self.prefill)}+D{layout_name(self.plan)}{cap}"
         return layout_name(self.plan) + cap
