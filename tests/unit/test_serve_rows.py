@@ -318,28 +318,42 @@ def test_a_degree_labelled_for_another_column_in_parentheses_is_refused():
     assert whole_cell(row(tp="2 (tensor)"), "tp", 1) == 2
 
 
-def test_key_cells_name_files_or_fall_back_to_the_printed_names(tmp_path):
-    """A path in model_key wins over the model column; an overlong or empty key costs its row only."""
+SERVING = Path(__file__).resolve().parents[3] / "shared" / "validation" / "inference_visible.csv"
+
+
+def first_visible_row() -> dict:
+    """The first published serving row (the test skips without the shared data)."""
     import csv
 
+    if not SERVING.is_file():
+        pytest.skip("serving measurements not found")
+    with SERVING.open(newline="") as fh:
+        return next(csv.DictReader(fh))
+
+
+def written(path: Path, rows: list[dict], delimiter: str = ",") -> Path:
+    """``rows`` as a CSV file at ``path``."""
+    import csv
+
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]), delimiter=delimiter)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_key_cells_name_files_or_fall_back_to_the_printed_names(tmp_path):
+    """A path in model_key wins over the model column; an overlong or empty key costs its row only."""
     from meshplan.calibrate.serve_validate import validate_serving_csv
 
-    src = Path(__file__).resolve().parents[3] / "shared" / "validation" / "inference_visible.csv"
-    if not src.is_file():
-        pytest.skip("serving measurements not found")
-    first = next(csv.DictReader(src.open()))
+    first = first_visible_row()
     small = tmp_path / "small.toml"
     small.write_text((Path(catalog.__file__).parent / "models" / "llama3.1-8b.toml").read_text()
                      .replace("n_layers = 32", "n_layers = 8"))
-    path = tmp_path / "rows.csv"
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(first))
-        w.writeheader()
-        w.writerow(first)
-        w.writerow({**first, "id": "file", "model_key": str(small)})
-        w.writerow({**first, "id": "long", "model_key": "x" * 300, "model": "y" * 300})
-        w.writerow({**first, "id": "empty", "model_key": "", "model": ""})
-    report = validate_serving_csv(path)
+    report = validate_serving_csv(written(tmp_path / "rows.csv", [
+        first, {**first, "id": "file", "model_key": str(small)},
+        {**first, "id": "long", "model_key": "x" * 300, "model": "y" * 300},
+        {**first, "id": "empty", "model_key": "", "model": ""}]))
     got = {r.id: r.predicted for r in report.rows}
     assert got["file"] > 2 * got[first["id"]]  # a quarter of the layers
     reasons = dict(report.skipped)
@@ -347,18 +361,9 @@ def test_key_cells_name_files_or_fall_back_to_the_printed_names(tmp_path):
 
 
 def test_a_semicolon_file_reads_decimal_commas(tmp_path):
-    import csv
-
     from meshplan.calibrate.serve_validate import validate_serving_csv
 
-    src = Path(__file__).resolve().parents[3] / "shared" / "validation" / "inference_visible.csv"
-    if not src.is_file():
-        pytest.skip("serving measurements not found")
-    first = next(csv.DictReader(src.open()))
-    path = tmp_path / "semi.csv"
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(first), delimiter=";")
-        w.writeheader()
-        w.writerow({**first, "value": first["value"].replace(".", ",")})
+    first = first_visible_row()
+    path = written(tmp_path / "semi.csv", [{**first, "value": first["value"].replace(".", ",")}], delimiter=";")
     (got,) = validate_serving_csv(path).rows
     assert got.measured == pytest.approx(float(first["value"]))
