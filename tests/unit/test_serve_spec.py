@@ -144,6 +144,9 @@ SERVE = ["serve", "--model", "llama3.1-8b", "--gpus", "2xh100-sxm", "--input-len
     (["--speculative", "ngram", "--acceptance", "0.6", "--pp", "2"], "one pipeline stage"),
     (["--speculative", "medusa", "--acceptance", "0.6"], "must be one of mtp, eagle, ngram, draft"),
     (["--draft-tokens", "4"], "add --speculative"),
+    (["--speculative", "draft", "--acceptance", "0.6", "--draft-model", "llama9-1b", "--engine", "sglang"],
+     "unknown model"),
+    (["--speculative", "ngram", "--acceptance", "0.6", "--draft-model", "x/y"], "drop --draft-model"),
 ])
 def test_speculation_flags_refused_with_the_reason(extra, needle, capsys):
     assert main(SERVE + extra) == 2

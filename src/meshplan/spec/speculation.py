@@ -10,6 +10,7 @@ eq. 1): what the engines report as the mean acceptance length (vLLM's ``mean_acc
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from meshplan.errors import SpecError
 from meshplan.spec.model import LayerSpec, ModelSpec
@@ -65,7 +66,7 @@ class Speculation:
     def tokens_per_pass(self) -> float:
         """Mean tokens a verifying pass yields per sequence (Leviathan et al. 2023, eq. 1)."""
         a, k = self.acceptance, self.draft_tokens
-        return float(k + 1) if a >= 1 else (1.0 - a ** (k + 1)) / (1.0 - a)
+        return (1.0 - a ** (k + 1)) / (1.0 - a)
 
     @property
     def verify_rows(self) -> int:
@@ -90,6 +91,7 @@ def acceptance_for(length: float, draft_tokens: int) -> float:
     return lo
 
 
+@lru_cache(maxsize=256)
 def draft_layer(model: ModelSpec, spec: Speculation) -> LayerSpec | None:
     """The layer an MTP module or an EAGLE head runs per draft token (None for the other drafters): MTP, a layer
     of the last block (DeepSeek-V3 sec. 2.2: same as the main model's); EAGLE, a dense decoder layer at the
